@@ -1,0 +1,37 @@
+# The two commands a new user runs: `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
+
+.PHONY: run test lint install install-test bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+## make run: set up and run the main job (SimpleNet on digits, DDP over 2 processes)
+run: install
+	$(VENV)/bin/disttrain run
+
+## make test: set up and run the whole suite (multi-process tests included)
+test: install-test
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(PY) -m pytest -q
+
+lint: install-test
+	$(VENV)/bin/ruff check src tests benchmarks examples
+
+bench: install
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""The `disttrain` command line: one small module per verb group, loaded on demand."""

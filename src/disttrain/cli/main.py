@@ -1,0 +1,81 @@
+"""Entry point of the `disttrain` command.
+
+    disttrain run                      # the built-in main job
+    disttrain run train.py --nproc-per-node 2 -- --my-arg 1
+    disttrain k8s render -f job.yaml
+    disttrain verify | bench | doctor | lint | env
+
+Sub-commands live in their own modules and are imported only when called, so
+`disttrain --help` and bad-flag errors answer without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# verb -> "module:attribute" of the click command implementing it
+COMMANDS: dict[str, str] = {
+    "run": "disttrain.cli.run_cmd:run",
+    "k8s": "disttrain.cli.k8s_cmd:k8s",
+    "verify": "disttrain.cli.verify_cmd:verify",
+    "bench": "disttrain.cli.bench_cmd:bench",
+    "doctor": "disttrain.cli.doctor_cmd:doctor",
+    "lint": "disttrain.cli.doctor_cmd:lint",
+    "env": "disttrain.cli.doctor_cmd:env",
+}
+
+HELP = {
+    "run": "Train: the built-in main job, a spec (-f) or your script, via torchrun.",
+    "k8s": "Kubernetes (K3s + HAMi): render, apply, status, logs, delete, run-local, verify.",
+    "verify": "Check the distributed setup: collectives, gradient sync, convergence.",
+    "bench": "Benchmarks: allreduce bandwidth, scaling, Trainer overhead.",
+    "doctor": "Preflight checks of this machine; `doctor logs` explains a failed job.",
+    "lint": "Check a training script against the distributed-training checklist.",
+    "env": "Print a copy-pasteable report of the environment.",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose sub-commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            if ctx.resilient_parsing:  # `--help` listing: show the verb anyway
+                return click.Command(cmd_name, help=HELP[cmd_name])
+            raise
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, HELP[name]) for name in COMMANDS])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="disttrain")
+def cli() -> None:
+    """disttrain: PyTorch distributed training, correct and fast, local and on K3s + HAMi."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry: returns the exit code instead of raising SystemExit."""
+    try:
+        cli.main(args=argv, prog_name="disttrain", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

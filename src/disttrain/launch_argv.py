@@ -1,0 +1,89 @@
+"""The torchrun command line for a JobSpec, as a pure function.
+
+    torchrun_argv(spec)            # ['torchrun', '--nnodes=1', '--nproc-per-node=2', ...]
+
+Both the local launcher (`disttrain.launch`) and the Kubernetes renderer
+(`disttrain.k8s.render`) use this, so what runs in a pod is what ran locally.
+Kept apart from `launch.py` so the renderer does not import torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from disttrain.spec import JobSpec
+
+
+def local_gpu_count() -> int:
+    """GPUs this process could use, without initialising CUDA (so fork stays safe)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA install means "no GPU" here
+        return 0
+
+
+def resolve_nproc(spec: JobSpec, gpus: int | None = None) -> int:
+    """`auto` -> one process per GPU, else 2 (the CPU demo: gloo over 2 processes)."""
+    n = spec.launch.nproc_per_node
+    if n != "auto":
+        return int(n)
+    gpus = local_gpu_count() if gpus is None else gpus
+    return gpus if gpus >= 1 else 2
+
+
+def worker_command(spec: JobSpec, spec_path: str = "job.yaml") -> list[str]:
+    """What each worker runs: the user's script, or the built-in job reading `spec_path`."""
+    if spec.script:
+        return [spec.script, *spec.args]
+    return ["-m", "disttrain.worker", "--spec", spec_path, *spec.args]
+
+
+def torchrun_argv(
+    spec: JobSpec,
+    *,
+    nproc: int | None = None,
+    node_rank: str | int | None = None,
+    rdzv_endpoint: str | None = None,
+    program: str = "torchrun",
+    spec_path: str = "job.yaml",
+) -> list[str]:
+    """The torchrun invocation for `spec` (multi-node: c10d rendezvous at `rdzv_endpoint`).
+
+    Args:
+        spec: the job.
+        nproc: processes per node (default: `resolve_nproc(spec)`).
+        node_rank: this node's rank, or a shell expression such as `$(JOB_COMPLETION_INDEX)`.
+        rdzv_endpoint: host:port of the c10d rendezvous; default master_addr:master_port.
+        program: the launcher executable (`torchrun` in pods).
+        spec_path: where the built-in worker finds the job spec (ignored for scripts).
+
+    Returns:
+        argv: program, torchrun options, then the worker command.
+    """
+    launch = spec.launch
+    nproc = resolve_nproc(spec) if nproc is None else nproc
+    # Options are spelled as in the guide (`--nproc_per_node=2`) and only given when they
+    # differ from torchrun's defaults, so the guide's Pod command is reproduced exactly.
+    argv = [program]
+    if launch.nnodes != 1:
+        argv.append(f"--nnodes={launch.nnodes}")
+    argv.append(f"--nproc_per_node={nproc}")
+    if launch.nnodes == 1 and rdzv_endpoint is None:
+        if launch.master_addr not in ("127.0.0.1", "localhost"):
+            argv.append(f"--master_addr={launch.master_addr}")
+        if launch.master_port != 29500:
+            argv.append(f"--master_port={launch.master_port}")
+    else:
+        endpoint = rdzv_endpoint or launch.rdzv_endpoint or f"{launch.master_addr}:{launch.master_port}"
+        argv += ["--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}",
+                 f"--rdzv_id={launch.rdzv_id or spec.name}"]
+        if node_rank is not None:
+            argv.append(f"--node_rank={node_rank}")
+    if launch.max_restarts:
+        argv.append(f"--max_restarts={launch.max_restarts}")
+    return argv + worker_command(spec, spec_path)

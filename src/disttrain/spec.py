@@ -1,0 +1,257 @@
+"""The job spec: one description of a training job, for local runs and the cluster.
+
+    spec = JobSpec.from_yaml("job.yaml", overrides={"epochs": 3})
+    spec = JobSpec()                      # the built-in main job
+
+A `JobSpec` is loaded from YAML and every field can be overridden by a CLI flag of the
+same name (`--epochs 3`, `--nproc-per-node 2`): field names are unique across sections
+so flags need no section prefix. This module is a leaf (no disttrain imports besides the
+cluster section) so every other module can take a JobSpec without import cycles.
+
+Bad input raises `SpecError` whose message names the file, the field path, the value
+and what is allowed; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from disttrain.cluster_spec import ClusterSpec
+
+EXAMPLES = ("digits", "mnist", "synthetic", "seed002")
+DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """A spec, flag or file that cannot be used; the message is meant for the user."""
+
+
+class StrictModel(BaseModel):
+    """Unknown fields are errors: a typo must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LaunchSpec(StrictModel):
+    """How the worker processes are started (torchrun's options)."""
+
+    nnodes: int = Field(1, ge=1, description="number of nodes (hosts / pods)")
+    nproc_per_node: int | Literal["auto"] = Field(
+        "auto", description="processes per node; auto = one per GPU, else 2 on CPU"
+    )
+    node_rank: int = Field(0, ge=0, description="this node's rank (multi-node, static rendezvous)")
+    master_addr: str = Field("127.0.0.1", description="address of the rank-0 node")
+    master_port: int = Field(29500, ge=0, le=65535, description="rendezvous port (0 = free port)")
+    rdzv_endpoint: str | None = Field(
+        None, description="host:port of the c10d rendezvous (multi-node); default master_addr:port"
+    )
+    rdzv_id: str | None = Field(None, description="rendezvous id (default: the job name)")
+    max_restarts: int = Field(0, ge=0, description="torchrun elastic restarts of failed workers")
+    launcher: Literal["torchrun", "spawn", "env"] = Field(
+        "torchrun", description="torchrun (default), spawn (mp.spawn), env (one rank from env vars)"
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="auto = nccl when every local rank has its own GPU, else gloo"
+    )
+    timeout_s: float = Field(
+        300.0, gt=0, description="collective / stall timeout: a stuck rank ends the job after this"
+    )
+    port_explicit: bool = Field(
+        False, description="(set by the CLI) master_port was asked for explicitly: never move it"
+    )
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return v
+
+
+class TrainSpec(StrictModel):
+    """What the built-in Trainer does (ignored by user scripts, which get `args`)."""
+
+    strategy: Literal["none", "dp", "ddp", "fsdp"] = Field("ddp", description="parallel strategy")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast precision")
+    epochs: int = Field(10, ge=1, description="training epochs")
+    batch_size: int = Field(32, ge=1, description="per-process batch size")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    lr: float = Field(0.001, gt=0, description="base learning rate (before lr_scaling)")
+    lr_scaling: Literal["linear", "sqrt", "none"] = Field(
+        "linear", description="scale lr with global batch / batch_size (seed 000 §7.2)"
+    )
+    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up in optimizer steps")
+    optimizer: Literal["adam", "sgd"] = Field("adam", description="optimizer")
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        "none", description="DDP gradient compression hook"
+    )
+    grad_ckpt: bool = Field(False, description="activation checkpointing of model blocks")
+    fsdp_sharding: Literal["full", "hybrid", "none"] = Field("full", description="FSDP sharding")
+    seed: int = Field(0, ge=0, description="random seed (model init, data order)")
+    run_dir: str | None = Field(None, description="output folder (default runs/<name>)")
+    checkpoint_every_epochs: int = Field(1, ge=0, description="checkpoint interval, 0 = off")
+    checkpoint_every_steps: int = Field(0, ge=0, description="checkpoint every N optimizer steps")
+    resume: bool = Field(False, description="continue from the run dir's last checkpoint")
+    log_every_steps: int = Field(10, ge=1, description="loss logging interval (steps)")
+    data_dir: str | None = Field(None, description="dataset folder (mnist: IDX files)")
+    download: bool = Field(False, description="allow downloading a missing dataset")
+    num_samples: int | None = Field(None, ge=8, description="dataset size (synthetic, seed002)")
+    input_size: int | None = Field(None, ge=1, description="model input size (default: data's)")
+    hidden_size: int = Field(512, ge=1, description="SimpleNet hidden width")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
+    threads: int | None = Field(
+        None, ge=1, description="torch threads per process (default: cores / local processes)"
+    )
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+
+
+class JobSpec(StrictModel):
+    """A training job: what to run, how to launch it, how to train, where (cluster)."""
+
+    name: str = Field("disttrain", description="job name (DNS-1123: lower case, digits, '-')")
+    script: str | None = Field(None, description="user training script run by torchrun")
+    example: Literal["digits", "mnist", "synthetic", "seed002"] | None = Field(
+        None, description="built-in job to run when no script is given (default digits)"
+    )
+    args: list[str] = Field(default_factory=list, description="arguments passed to the script")
+    launch: LaunchSpec = Field(default_factory=LaunchSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _dns1123(cls, v: str) -> str:
+        if len(v) > 63 or not DNS1123.match(v):
+            raise ValueError(
+                "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', "
+                "starting and ending with a letter or digit (e.g. 'mnist-ddp')"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> JobSpec:
+        if self.script and self.example:
+            raise ValueError("give either 'script' or 'example', not both")
+        return self
+
+    # -- derived values -------------------------------------------------------------
+    @property
+    def workload(self) -> str:
+        """The built-in example to run, or 'script'."""
+        return "script" if self.script else (self.example or "digits")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.train.run_dir or f"runs/{self.name}")
+
+    # -- loading --------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Any, overrides: dict[str, Any] | None = None,
+                  source: str = "spec") -> JobSpec:
+        """Validate `data` (a YAML mapping) with flat `overrides` (field name -> value)."""
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: expected a mapping of fields at the top level, "
+                            f"got {type(data).__name__}")
+        merged = apply_overrides(data, overrides or {})
+        try:
+            return cls.model_validate(merged)
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc, source)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> JobSpec:
+        """Load a YAML spec file (or the defaults when `path` is None)."""
+        if path is None:
+            return cls.from_dict({}, overrides, source="flags")
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise SpecError(f"{p}: no such file; pass an existing job spec with -f") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"{p}: cannot read the spec ({exc})") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise SpecError(f"{p}:{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        return cls.from_dict(data, overrides, source=str(p))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude={"launch": {"port_explicit"}}),
+                              sort_keys=False)
+
+
+SECTIONS: dict[str, type[StrictModel]] = {"launch": LaunchSpec, "train": TrainSpec,
+                                           "cluster": ClusterSpec}
+
+
+def field_index() -> dict[str, tuple[str | None, Any]]:
+    """Every flag-able field: name -> (section or None for top level, pydantic FieldInfo)."""
+    index: dict[str, tuple[str | None, Any]] = {}
+    for name, info in JobSpec.model_fields.items():
+        if name not in SECTIONS:
+            index[name] = (None, info)
+    for section, model in SECTIONS.items():
+        for name, info in model.model_fields.items():
+            if name in index:
+                raise RuntimeError(f"field name {name!r} is not unique across spec sections")
+            index[name] = (section, info)
+    return index
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of `data` with flat field overrides put into their sections."""
+    index = field_index()
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for name, value in overrides.items():
+        if name not in index:
+            raise SpecError(f"unknown option {name!r}")
+        section, _ = index[name]
+        if section is None:
+            merged[name] = value
+        else:
+            target = merged.setdefault(section, {})
+            if not isinstance(target, dict):
+                raise SpecError(f"{section}: expected a mapping, got {type(target).__name__}")
+            target[name] = value
+    return merged
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One readable line per problem: where, what was given, what is allowed."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            section = err["loc"][:-1]
+            model = _model_at(section)
+            known = sorted(model.model_fields) if model else []
+            msg = "unknown field" + (f"; known fields here: {', '.join(known)}" if known else "")
+        elif err["type"] == "literal_error":
+            msg = f"must be one of {err.get('ctx', {}).get('expected', '')}"
+        given = err.get("input")
+        shown = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(given, dict) \
+            else f" (got {given!r})"
+        lines.append(f"{source}: {path}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = JobSpec
+    for part in loc:
+        if model is None or not isinstance(part, str):
+            return None
+        info = model.model_fields.get(part)
+        ann = getattr(info, "annotation", None)
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return model
