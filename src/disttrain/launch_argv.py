@@ -23,7 +23,7 @@ def local_gpu_count() -> int:
         import torch
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - a broken CUDA install means "no GPU" here
+    except Exception:
         return 0
 
 

@@ -69,12 +69,30 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: returns the exit code instead of raising SystemExit."""
+    _mark_start()
     try:
         cli.main(args=argv, prog_name="disttrain", standalone_mode=True)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _mark_start() -> None:
+    """DISTTRAIN_T0: this command's start time, so workers can report time-to-first-step."""
+    import os
+    import time
+
+    if "DISTTRAIN_T0" not in os.environ:
+        try:
+            with open(f"/proc/{os.getpid()}/stat") as f:
+                start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/uptime") as f:
+                uptime = float(f.read().split()[0])
+            t0 = time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            t0 = time.time()
+        os.environ["DISTTRAIN_T0"] = repr(t0)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def _print_error(message: str) -> int:
     return 2
 
 
-def load_spec(spec_file: str | None, overrides: dict[str, Any]):  # noqa: ANN201
+def load_spec(spec_file: str | None, overrides: dict[str, Any]):
     """JobSpec from an optional file plus flag overrides; SpecError -> exit 2."""
     from disttrain.spec import JobSpec
 

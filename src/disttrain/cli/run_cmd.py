@@ -1,0 +1,146 @@
+"""`disttrain run`: the main job, a spec file, or a user script, on this machine.
+
+    disttrain run                                   # SimpleNet on digits, DDP, 2 processes
+    disttrain run -f job.yaml --epochs 3
+    disttrain run train.py --nproc-per-node 2 -- --lr 0.01
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import click
+
+from disttrain.cli.options import collect_overrides, fail, load_spec, spec_options
+
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("script", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False),
+              help="job spec YAML; flags override its fields")
+@click.option("--dry-run", is_flag=True, help="print the resolved spec and torchrun command")
+@spec_options([None, "launch", "train"])
+def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
+        dry_run: bool, **kwargs: Any) -> None:
+    """Train the built-in job (default: SimpleNet on digits, DDP over 2 processes),
+    the job in a spec file, or SCRIPT under torchrun (arguments after `--`)."""
+    overrides = collect_overrides(kwargs)
+    if not script and not dry_run:
+        _prewarm(spec_file, overrides)
+    if script:
+        overrides["script"] = script
+        overrides["example"] = None
+    if script_args:
+        overrides["args"] = list(script_args)
+    spec = load_spec(spec_file, overrides)
+    if "master_port" in overrides or _file_sets_port(spec_file):
+        spec.launch.port_explicit = True
+    _check_inputs(spec)
+    if dry_run:
+        from disttrain.launch_argv import torchrun_argv
+
+        click.echo(spec.to_yaml() + "---\n" + " ".join(
+            torchrun_argv(spec, spec_path=str(spec.run_dir / "job.yaml"))))
+        return
+    raise click.exceptions.Exit(_run(spec))
+
+
+def _prewarm(spec_file: str | None, overrides: dict[str, Any]) -> None:
+    """Start the workers' warm fork server now, before this process imports torch."""
+    if overrides.get("launcher", "torchrun") != "torchrun" or spec_file:
+        return  # a spec file may name a script or another launcher: decide after loading
+    import os
+
+    for k, v in worker_env_early(overrides).items():
+        os.environ.setdefault(k, v)
+    from disttrain.launch import prewarm_workers
+
+    prewarm_workers()
+
+
+def worker_env_early(overrides: dict[str, Any]) -> dict[str, str]:
+    """OMP_NUM_THREADS and the start clock, which the fork server must inherit."""
+    import os
+
+    nproc = overrides.get("nproc_per_node", "auto")
+    n = nproc if isinstance(nproc, int) else 2
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = overrides.get("threads") or max(1, (cores or 1) // n)
+    return {"OMP_NUM_THREADS": str(threads)}
+
+
+def _file_sets_port(spec_file: str | None) -> bool:
+    if not spec_file:
+        return False
+    import yaml
+
+    data = yaml.safe_load(Path(spec_file).read_text()) or {}
+    return isinstance(data.get("launch"), dict) and "master_port" in data["launch"]
+
+
+def _check_inputs(spec: Any) -> None:
+    """Refuse, before any process starts, what would only fail inside every worker."""
+    if spec.script and not Path(spec.script).is_file():
+        fail(f"script {spec.script}: no such file")
+    from disttrain.launch_argv import local_gpu_count
+
+    if spec.train.precision == "fp16" and local_gpu_count() == 0 and not spec.script:
+        fail("train.precision: fp16 autocast needs a CUDA GPU; on CPU use --precision bf16")
+    if spec.launch.backend == "nccl" and local_gpu_count() == 0:
+        fail("launch.backend: nccl needs CUDA GPUs and none is visible; use --backend gloo "
+             "(or auto)")
+    if spec.workload == "mnist" and not spec.train.download:
+        from disttrain.data import DEFAULT_MNIST_DIR, find_mnist, mnist_candidates
+
+        root = Path(spec.train.data_dir or DEFAULT_MNIST_DIR)
+        if find_mnist(root) is None:
+            looked = ", ".join(str(p) for p in mnist_candidates(root))
+            fail(f"train.data_dir: MNIST IDX files not found in {looked}; put them there, "
+                 f"pass --data-dir DIR, or add --download")
+
+
+def _prepare_run_dir(spec: Any) -> Path:
+    run_dir = spec.run_dir
+    if not spec.train.resume and run_dir.exists():
+        old = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+        if old:
+            click.echo(f"note: {run_dir} holds an earlier run; replacing it "
+                       f"(use --resume to continue it instead)")
+        for path in old:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / "job.yaml"
+    from disttrain.report import write_text_atomic
+
+    write_text_atomic(spec_path, spec.to_yaml())
+    return spec_path
+
+
+def _run(spec: Any) -> int:
+    from disttrain.launch import LaunchError, launch
+
+    spec_path = _prepare_run_dir(spec)
+    try:
+        result = launch(spec, spec_path)
+    except LaunchError as exc:
+        fail(str(exc))
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+    if result.exit_code != 0:
+        _explain_failure(result)
+    return result.exit_code
+
+
+def _explain_failure(result: Any) -> None:
+    ranks = ", ".join(str(r) for r in sorted(result.failures)) or "?"
+    click.echo(f"error: the job failed (failed rank(s): {ranks})", err=True)
+    try:
+        from disttrain.diagnose.logs import diagnose, format_diagnosis
+    except ImportError:
+        return
+    click.echo(format_diagnosis(diagnose(result.log_text)), err=True)

@@ -1,0 +1,255 @@
+"""Start the workers of a job on this machine: torchrun (default), mp.spawn, or env.
+
+    result = launch(spec)          # LaunchResult(exit_code, failures, port_note)
+
+Every launcher gives each worker the same environment contract (seed 000 §2.2), which
+`disttrain.runtime` reads: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT. OMP_NUM_THREADS is set to cores / local processes so ranks do not fight
+over cores. The built-in job runs as a function that torchrun's elastic agent *forks*
+on CPU (no second torch import per worker, about 1 s saved); user scripts run as
+`python script.py` subprocesses exactly as `torchrun script.py` would, with
+rank-prefixed output and torchrun's exit status.
+
+`python -m torch.distributed.launch` (seed 000 §5.2 way 2) is deprecated in favour of
+torchrun and is not offered: torchrun passes LOCAL_RANK in the environment instead of a
+`--local-rank` argument, and adds elastic restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from disttrain.launch_argv import resolve_nproc
+from disttrain.spec import JobSpec
+
+
+class LaunchError(RuntimeError):
+    """The job cannot be started as asked (e.g. an explicitly requested port is taken)."""
+
+
+@dataclass
+class LaunchResult:
+    exit_code: int
+    failures: dict[int, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    log_text: str = ""
+
+
+# -- ports (seed 000 §8.3) ---------------------------------------------------------------
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when `port` can be bound on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def choose_port(spec: JobSpec) -> tuple[int, str | None]:
+    """The master port to use and, when it moved, a note saying so.
+
+    Raises:
+        LaunchError: an explicitly requested port is taken.
+    """
+    launch = spec.launch
+    local = launch.nnodes == 1 and launch.master_addr in ("127.0.0.1", "localhost")
+    if not local:
+        return launch.master_port, None
+    host = "127.0.0.1"
+    if launch.master_port == 0:
+        return free_port(host), None
+    if port_free(launch.master_port, host):
+        return launch.master_port, None
+    if launch.port_explicit:
+        raise LaunchError(
+            f"master port {launch.master_port} is already in use (Address already in use); "
+            f"stop the process holding it (`ss -ltnp | grep {launch.master_port}`) or pass "
+            f"another --master-port (0 picks a free one)")
+    port = free_port(host)
+    return port, f"port {launch.master_port} is in use; using free port {port} instead"
+
+
+def worker_env(spec: JobSpec, nproc: int) -> dict[str, str]:
+    """Variables every local worker inherits (threads per rank, start-up clock)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = spec.train.threads or max(1, (cores or 1) // nproc)
+    env = {"OMP_NUM_THREADS": str(threads)}
+    env.setdefault("DISTTRAIN_T0", os.environ.get("DISTTRAIN_T0") or str(_process_start()))
+    return env
+
+
+def _process_start() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:
+        return time.time()
+
+
+def prewarm_workers() -> bool:
+    """Start the warm fork server for built-in-job workers (see `disttrain.preload`).
+
+    Call before importing torch in the launcher, so both imports overlap. Returns False
+    where fork servers do not exist (non-POSIX).
+    """
+    import multiprocessing
+    import multiprocessing.forkserver as forkserver
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    multiprocessing.set_forkserver_preload(["disttrain.preload"])
+    forkserver.ensure_running()
+    return True
+
+
+# -- launchers -----------------------------------------------------------------------
+def launch(spec: JobSpec, spec_path: Path | None = None) -> LaunchResult:
+    """Run `spec` on this machine with its launcher; never raises for worker failures."""
+    nproc = resolve_nproc(spec)
+    note = None
+    if spec.launch.launcher != "env":  # env: every invocation must use the same given port
+        port, note = choose_port(spec)
+        spec = spec.model_copy(
+            update={"launch": spec.launch.model_copy(update={"master_port": port})})
+    for k, v in worker_env(spec, nproc).items():
+        os.environ.setdefault(k, v)
+    notes = [note] if note else []
+    if spec.launch.launcher == "spawn":
+        result = _launch_spawn(spec, nproc)
+    elif spec.launch.launcher == "env":
+        result = _launch_env(spec)
+    else:
+        result = _launch_torchrun(spec, nproc, spec_path)
+    result.notes[:0] = notes
+    return result
+
+
+def _launch_config(spec: JobSpec, nproc: int, logs_dir: Path | None, start_method: str) -> Any:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    launch = spec.launch
+    if launch.nnodes == 1:
+        rdzv_backend, endpoint = "static", f"{launch.master_addr}:{launch.master_port}"
+        configs: dict[str, Any] = {"rank": 0, "timeout": int(launch.timeout_s)}
+    else:
+        rdzv_backend = "c10d"
+        endpoint = launch.rdzv_endpoint or f"{launch.master_addr}:{launch.master_port}"
+        configs = {"timeout": int(launch.timeout_s)}
+    logs_specs = None
+    if logs_dir is not None:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+
+        logs_specs = DefaultLogsSpecs(log_dir=str(logs_dir), redirects=Std.NONE, tee=Std.ALL)
+    return LaunchConfig(
+        min_nodes=launch.nnodes, max_nodes=launch.nnodes, nproc_per_node=nproc,
+        run_id=launch.rdzv_id or f"{spec.name}-{uuid.uuid4().hex[:8]}",
+        rdzv_endpoint=endpoint, rdzv_backend=rdzv_backend, rdzv_configs=configs,
+        max_restarts=launch.max_restarts, monitor_interval=0.05,
+        start_method=start_method, logs_specs=logs_specs,
+        log_line_prefix_template="[rank${rank}]:" if logs_dir is not None else None,
+    )
+
+
+def _launch_torchrun(spec: JobSpec, nproc: int, spec_path: Path | None) -> LaunchResult:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    if spec.script:
+        logs_dir = spec.run_dir / "logs"
+        config = _launch_config(spec, nproc, logs_dir, "spawn")
+        entry: Any = sys.executable
+        args: tuple[Any, ...] = ("-u", spec.script, *spec.args)
+    else:
+        # Workers are forks of the warm fork server (prewarm_workers), which has torch
+        # and torch._dynamo imported and has never initialised CUDA.
+        method = "forkserver" if prewarm_workers() else "spawn"
+        config = _launch_config(spec, nproc, None, method)
+        from disttrain.worker import elastic_entry
+
+        entry, args = elastic_entry, (spec.model_dump(),)
+    try:
+        elastic_launch(config, entry)(*args)
+    except ChildFailedError as exc:
+        failures = {rank: {"exitcode": f.exitcode, "message": f.message, "host": f.hostname,
+                           "error_file": f.error_file}
+                    for rank, f in exc.failures.items()}
+        return LaunchResult(1, failures, log_text=_collect_logs(spec, exc))
+    return LaunchResult(0)
+
+
+def _collect_logs(spec: JobSpec, exc: Any) -> str:
+    """Text for the doctor: tee'd worker logs (scripts) plus the failure records."""
+    parts: list[str] = []
+    logs = spec.run_dir / "logs"
+    if spec.script and logs.is_dir():
+        for path in sorted(logs.rglob("*.log")):
+            rank = path.parent.name
+            with contextlib.suppress(OSError):
+                parts += [f"[rank{rank}]:{line}" for line in
+                          path.read_text(errors="replace").splitlines()]
+    parts.append(exc.format_msg() if hasattr(exc, "format_msg") else str(exc))
+    return "\n".join(parts)
+
+
+def _spawn_entry(local_rank: int, spec_data: dict[str, Any], nproc: int) -> None:
+    """mp.spawn target (seed 002): set the env contract for this rank, then run it."""
+    launch = spec_data["launch"]
+    os.environ.update({
+        "RANK": str(launch["node_rank"] * nproc + local_rank),
+        "WORLD_SIZE": str(launch["nnodes"] * nproc), "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": launch["master_addr"],
+        "MASTER_PORT": str(launch["master_port"]),
+    })
+    from disttrain.worker import run_worker
+
+    run_worker(spec_data)
+
+
+def _launch_spawn(spec: JobSpec, nproc: int) -> LaunchResult:
+    if spec.script:
+        raise LaunchError("--launcher spawn runs the built-in job; run a script with torchrun "
+                          "(the default) or call mp.spawn inside it")
+    import torch.multiprocessing as mp
+
+    try:
+        mp.spawn(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc, join=True)
+    except mp.ProcessRaisedException as exc:
+        return LaunchResult(1, {-1: {"message": str(exc)}}, log_text=str(exc))
+    except mp.ProcessExitedException as exc:
+        return LaunchResult(1, {exc.error_index: {"exitcode": exc.exit_code,
+                                                  "message": str(exc)}}, log_text=str(exc))
+    return LaunchResult(0)
+
+
+def _launch_env(spec: JobSpec) -> LaunchResult:
+    """One rank in this process from MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK (§5.2 way 3)."""
+    if spec.script:
+        import runpy
+
+        sys.argv = [spec.script, *spec.args]
+        runpy.run_path(spec.script, run_name="__main__")
+        return LaunchResult(0)
+    from disttrain.worker import run_worker
+
+    run_worker(spec.model_dump())
+    return LaunchResult(0)

@@ -1,0 +1,50 @@
+"""One rank of the built-in job: `python -m disttrain.worker --spec job.yaml`.
+
+torchrun (locally through `disttrain run`, or in a pod) starts one of these per rank with
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* set; `run_worker` is the same thing as a
+function, which the local launcher forks so workers need not import torch again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from disttrain.spec import JobSpec, SpecError
+
+
+def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
+    """Set up the process group, train, tear down; returns rank's summary."""
+    from disttrain import runtime
+    from disttrain.builder import build_trainer
+
+    spec = JobSpec.model_validate(spec_data)
+    with runtime.setup(spec.launch.backend, spec.launch.timeout_s, threads=spec.train.threads) as rt:
+        summary = build_trainer(spec, rt).fit()
+    return summary
+
+
+def elastic_entry(spec_data: dict[str, Any]) -> dict[str, Any]:
+    """Picklable entry for torchrun's agent; torch's @record sends a failure's traceback
+    to the launcher's error file, so `disttrain run` can name the rank and the cause."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(run_worker)(spec_data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m disttrain.worker", description=__doc__)
+    parser.add_argument("--spec", required=True, help="job spec YAML written by disttrain")
+    args = parser.parse_args(argv)
+    try:
+        spec = JobSpec.from_yaml(args.spec)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    elastic_entry(spec.model_dump())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
