@@ -190,7 +190,8 @@ def _launch_torchrun(spec: JobSpec, nproc: int, spec_path: Path | None) -> Launc
     try:
         elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:
-        failures = {rank: {"exitcode": f.exitcode, "message": f.message, "host": f.hostname,
+        failures = {rank: {"exitcode": f.exitcode, "message": f.message,
+                           "host": socket.gethostname(), "local_rank": f.local_rank,
                            "error_file": f.error_file}
                     for rank, f in exc.failures.items()}
         return LaunchResult(1, failures, log_text=_collect_logs(spec, exc))

@@ -69,27 +69,32 @@ class Trainer:
         """Train for cfg.epochs (or max_steps), evaluate each epoch, return the summary."""
         t_start = time.perf_counter()
         self.maybe_resume()
+        samples_start = self.state.samples
         table = EpochTable(enabled=self.rt.is_rank0)
         table.header(self.info)
         train_s, last_eval = 0.0, (float("nan"), float("nan"))
         while self.state.epoch < self.cfg.epochs and not self._done():
-            t0 = time.perf_counter()
+            t0, samples0 = time.perf_counter(), self.state.samples
             train_loss = self.train_epoch(table)
             dt = time.perf_counter() - t0
             train_s += dt
+            complete = self.state.batch_in_epoch >= len(self.loader)
             last_eval = self.evaluate()
-            epoch_samples = len(self.loader.sampler) * self.rt.world_size
-            table.row(self.state.epoch, train_loss, *last_eval, epoch_samples / dt)
+            sps = (self.state.samples - samples0) * self.rt.world_size / max(dt, 1e-9)
+            table.row(self.state.epoch, train_loss, *last_eval, sps)
             if self.writer:
                 self.writer.log([{"split": "eval", "rank": -1, "epoch": self.state.epoch,
                                   "step": self.state.step, "loss": last_eval[0],
                                   "accuracy": last_eval[1]}])
+            if not complete:  # stopped mid-epoch by max_steps: the epoch is not done
+                break
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
             every = self.cfg.checkpoint_every_epochs
             if every and (self.state.epoch % every == 0 or self.state.epoch == self.cfg.epochs):
                 self.save()
-        return self.finish(last_eval, train_s, time.perf_counter() - t_start, table)
+        run_sps = (self.state.samples - samples_start) * self.rt.world_size / train_s if train_s else 0.0
+        return self.finish(last_eval, run_sps, time.perf_counter() - t_start, table)
 
     def train_epoch(self, table: EpochTable) -> float:
         """One pass over this rank's shard; returns the mean logged loss over all ranks."""
@@ -113,7 +118,7 @@ class Trainer:
             if not boundary:
                 continue
             self.optimizer_step()
-            if st.step % cfg.log_every_steps == 0 or i + 1 == n_batches:
+            if st.step % cfg.log_every_steps == 0 or i + 1 == n_batches or self._done():
                 now = time.perf_counter()
                 sps = samples_log * self.rt.world_size / max(now - t_log, 1e-9)
                 t_log, samples_log = now, 0
@@ -252,7 +257,7 @@ class Trainer:
             self.writer.truncate_after(self.state.step)
         self.rt.print0(f"resumed from {path} (epoch {self.state.epoch}, step {self.state.step})")
 
-    def finish(self, last_eval: tuple[float, float], train_s: float, wall_s: float,
+    def finish(self, last_eval: tuple[float, float], samples_per_s: float, wall_s: float,
                table: EpochTable) -> dict[str, Any]:
         """Hash-compare parameters over ranks and write summary.json / loss.png."""
         digest = params_sha256(self.model)
@@ -263,7 +268,7 @@ class Trainer:
             **{k: (str(v) if k == "run_dir" else v) for k, v in self.info.items()},
             "epochs": self.state.epoch, "steps": self.state.step, "final_loss": final,
             "test_loss": last_eval[0], "test_accuracy": last_eval[1],
-            "samples_per_s": self.state.samples * self.rt.world_size / train_s if train_s else 0.0,
+            "samples_per_s": samples_per_s,
             "params_sha256": digest, "params_in_sync": in_sync,
             "params_sha256_per_rank": hashes, "wall_s": round(wall_s, 3),
         }

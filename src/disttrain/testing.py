@@ -1,0 +1,62 @@
+"""Run a function on N real ranks: for tests of distributed code (yours and ours).
+
+    from disttrain.testing import run_ranks
+    results = run_ranks(2, my_fn, arg1, timeout_s=60)     # {0: value0, 1: value1}
+
+Built on torch's elastic launcher (no home-made process management): a static
+rendezvous on a free loopback port, gloo, and workers forked from a warm fork server
+(torch pre-imported) so each test starts in a fraction of a second. The function runs
+with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set; call `disttrain.runtime.setup()` in it.
+`timeout_s` bounds every collective (via DISTTRAIN_TEST_TIMEOUT_S, read by `setup_for_test`)
+and the rendezvous, so a hang becomes a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from disttrain.launch import free_port
+
+
+def _entry(fn: Callable[..., Any], env: dict[str, str], args: tuple[Any, ...]) -> Any:
+    os.environ.update(env)
+    return fn(*args)
+
+
+def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0,
+              env: dict[str, str] | None = None, max_restarts: int = 0) -> dict[int, Any]:
+    """Run `fn(*args)` on `nproc` local ranks and return {rank: return value}.
+
+    Raises:
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a rank failed.
+    """
+    import multiprocessing
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "disttrain.runtime"])
+    port = free_port()
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"test-{uuid.uuid4().hex[:8]}",
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_backend="static",
+        rdzv_configs={"rank": 0, "timeout": int(timeout_s)}, max_restarts=max_restarts,
+        monitor_interval=0.05, start_method="forkserver",
+    )
+    child_env = {"OMP_NUM_THREADS": "1", "DISTTRAIN_TEST_TIMEOUT_S": str(timeout_s), **(env or {})}
+    saved = dict(os.environ)  # the elastic agent sets TORCHELASTIC_* in this process
+    try:
+        return elastic_launch(config, _entry)(fn, child_env, args)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def setup_for_test(backend: str = "gloo"):
+    """`runtime.setup()` with the collective timeout of the enclosing `run_ranks`."""
+    from disttrain import runtime
+
+    timeout = float(os.environ.get("DISTTRAIN_TEST_TIMEOUT_S", "60"))
+    return runtime.setup(backend, timeout_s=timeout, threads=1)

@@ -1,0 +1,42 @@
+"""Shared fixtures: a fresh working dir per test, no leaked env vars or process groups."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# set by torch itself on first use of dynamo/inductor, not by the code under test
+IGNORED_ENV = {"PYTEST_CURRENT_TEST", "OMP_NUM_THREADS", "DISTTRAIN_T0", "TORCHINDUCTOR_CACHE_DIR"}
+DISTTRAIN = [sys.executable, "-m", "disttrain.cli.main"]
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    """Fail a test that leaves env vars changed or a default process group open."""
+    before = dict(os.environ)
+    yield
+    import torch.distributed as dist
+
+    leaked_pg = dist.is_available() and dist.is_initialized()
+    if leaked_pg:
+        dist.destroy_process_group()
+    changed = {k for k in set(before) | set(os.environ)
+               if before.get(k) != os.environ.get(k) and k not in IGNORED_ENV}
+    os.environ.clear()
+    os.environ.update(before)
+    assert not leaked_pg, "test left a process group open"
+    assert not changed, f"test leaked environment variables: {sorted(changed)}"
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | None = None):
+    """Run `disttrain ARGS` as a user would, in a subprocess; returns CompletedProcess."""
+    import subprocess
+
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("DISTTRAIN_T0", None)
+    return subprocess.run([*DISTTRAIN, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
