@@ -42,7 +42,7 @@ def test_roundtrip_yaml(tmp_path):
     ({"train": {"epochz": 3}}, "train.epochz: unknown field; known fields here:"),
     ({"train": {"strategy": "horovod"}}, "train.strategy: must be one of 'none', 'dp', 'ddp' or 'fsdp'"),
     ({"train": {"epochs": 0}}, "train.epochs: Input should be greater than or equal to 1 (got 0)"),
-    ({"name": "My_Job"}, "name: Value error, must be a DNS-1123 label"),
+    ({"name": "My_Job"}, "name: must be a DNS-1123 label"),
     ({"launch": {"nproc_per_node": 0}}, "launch.nproc_per_node"),
     ({"launch": {"master_port": 70000}}, "launch.master_port"),
     ({"bogus": 1}, "bogus: unknown field"),

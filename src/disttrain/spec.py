@@ -231,7 +231,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             section = err["loc"][:-1]
             model = _model_at(section)

@@ -72,7 +72,7 @@ def test_resume_mid_epoch_is_bitwise_identical(tmp_path):
     (("nope.py",), "script nope.py: no such file"),
     (("--precision", "fp16"), "fp16 autocast needs a CUDA GPU; on CPU use --precision bf16"),
     (("--example", "mnist", "--data-dir", "/nonexistent"), "MNIST IDX files not found in /nonexistent"),
-    (("--name", "Bad_Name"), "name: Value error, must be a DNS-1123 label"),
+    (("--name", "Bad_Name"), "name: must be a DNS-1123 label"),
     (("--nproc-per-node", "two"), "is not an integer or 'auto'"),
 ])
 def test_bad_input_exits_2_without_traceback(tmp_path, args, needle):

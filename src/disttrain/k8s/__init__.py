@@ -1,0 +1,11 @@
+"""Kubernetes (K3s + HAMi vGPU) support: render a JobSpec to objects, run them on a cluster
+or on emulated hosts.
+
+    render.py    spec -> objects, pure (no `kubernetes` import), with code.py (ConfigMap),
+                 hami.py (vGPU resources), security.py (PSS), output.py (YAML/JSON)
+    client.py    apply / status / logs / delete (the only importer of `kubernetes`)
+    local.py     run-local: the rendered pods in network namespaces
+
+Kept import-light on purpose: `disttrain k8s render` must work where the `kubernetes`
+client is not installed or no cluster is reachable.
+"""

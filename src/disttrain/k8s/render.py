@@ -1,0 +1,460 @@
+"""JobSpec -> Kubernetes objects, as a pure function (no cluster, no `kubernetes` import).
+
+    rendered = render(spec, base_dir=Path("."))
+    print(to_yaml(rendered.objects))        # what `disttrain k8s render` prints (output.py)
+    for w in rendered.warnings: ...
+
+Kinds (seed 000 §3.1): `pod` is the guide's §3.2 single Pod running torchrun on all its
+GPUs; `job` is an Indexed Job + headless Service, every pod running torchrun with c10d
+rendezvous at pod 0's stable DNS name `<job>-0.<svc>`; `pytorchjob` is Kubeflow's
+PyTorchJob (v1), where the operator injects the PET_* variables torchrun reads. The
+container command is `launch_argv.torchrun_argv`, the same argv `disttrain run` uses, so
+what runs in the pod is what ran locally and in `disttrain k8s run-local`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from disttrain.k8s import hami
+from disttrain.k8s.code import SPEC_PATH, CodePlan, configmap_data, plan_code
+from disttrain.k8s.output import ANNOTATION_IMAGE, to_json, to_yaml
+from disttrain.k8s.security import baseline_violations, container_security, pod_security
+from disttrain.launch_argv import resolve_nproc, torchrun_argv, worker_command
+from disttrain.spec import JobSpec, SpecError
+
+__all__ = ["Rendered", "pod_name_hosts", "quantity", "render", "spec_to_objects", "to_json",
+           "to_yaml"]
+
+LABEL_JOB = "disttrain.io/job"
+LABEL_KIND = "disttrain.io/kind"
+ANNOTATION_CODE = "disttrain.io/code-sha256"
+RANK_OFFSET = "disttrain.io/rank-offset"  # node rank of replica-index 0 (Worker after Master)
+LOCAL_IMAGE = "disttrain.local/run-local"  # placeholder image of `run-local` renders
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+           "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+           "Pi": 2**50, "Ei": 2**60}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The objects to apply, in apply order, and what the user should know about them."""
+
+    objects: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+def render(spec: JobSpec, base_dir: Path | str = ".", *, local: bool = False) -> Rendered:
+    """Render `spec` for its `cluster.kind`.
+
+    Args:
+        spec: the job.
+        base_dir: where the script and code.files are read from.
+        local: render for `disttrain k8s run-local` (no image needed: this machine runs it).
+
+    Returns:
+        Rendered objects (PVCs, ConfigMap, Service, workload) and warnings.
+
+    Raises:
+        SpecError: the spec cannot run on a cluster; the message names field and fix.
+    """
+    return _Renderer(spec, Path(base_dir), local).render()
+
+
+def spec_to_objects(spec: JobSpec, base_dir: Path | str = ".") -> list[dict[str, Any]]:
+    """Just the objects of `render`."""
+    return render(spec, base_dir).objects
+
+
+def pod_name_hosts(spec: JobSpec) -> list[str]:
+    """Hostnames of the pods of `spec`, in node-rank order (what the DNS names point to)."""
+    name, kind, n = spec.name, spec.cluster.kind, spec.launch.nnodes
+    if kind == "pod":
+        return [name]
+    if kind == "job":
+        return [f"{name}-{i}" for i in range(n)]
+    if spec.cluster.elastic_nodes:
+        return [f"{name}-worker-{i}" for i in range(n)]
+    return [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(n - 1)]
+
+
+def quantity(text: str) -> Decimal:
+    """A Kubernetes quantity's value (the grammar cluster_spec accepts).
+
+    Example: quantity("8Gi") == 8 * 2**30; quantity("500m") == Decimal("0.5")
+    """
+    m = re.fullmatch(r"\+?(\d+(?:\.\d+)?)(?:[eE]([-+]?\d+)|([a-zA-Z]*))", str(text))
+    if not m or (m.group(3) or "") not in _SUFFIX:
+        raise SpecError(f"{text!r} is not a Kubernetes quantity (e.g. 2, 500m, 8Gi)")
+    if m.group(2) is not None:
+        return Decimal(m.group(1)) * Decimal(10) ** int(m.group(2))
+    return Decimal(m.group(1)) * _SUFFIX[m.group(3) or ""]
+
+
+class _Renderer:
+    """One render of one spec: checks first, then builds the objects."""
+
+    def __init__(self, spec: JobSpec, base_dir: Path, local: bool) -> None:
+        self.spec, self.c, self.local = spec, spec.cluster, local
+        self.warnings: list[str] = []
+        self.name = spec.name
+        self.port = spec.launch.master_port
+        self.nproc = resolve_nproc(spec, gpus=self.c.gpus)
+        self.image = self.c.image or (LOCAL_IMAGE if local else None)
+        self._check()
+        self.code: CodePlan = plan_code(spec, base_dir)
+
+    # -- checks -----------------------------------------------------------------------
+    def _check(self) -> None:
+        c, n = self.c, self.spec.launch.nnodes
+        if not self.image:
+            raise SpecError(f"cluster.image: a {c.kind} needs a container image; pass --image "
+                            f"REGISTRY/NAME:TAG (the guide's is 117.50.188.237:30000/pytorch/"
+                            f"pytorch:2.1.0-cuda12.1-cudnn8-runtime)")
+        hami.check_processes(self.nproc, c, self.spec.launch.backend)
+        if c.kind == "pod" and n > 1:
+            raise SpecError(f"launch.nnodes: kind pod runs one node but nnodes is {n}; use "
+                            f"--kind job (Indexed Job + Service) or --kind pytorchjob")
+        if c.elastic_nodes and c.kind != "pytorchjob":
+            raise SpecError("cluster.elastic_nodes: only kind pytorchjob has an elasticPolicy")
+        if c.elastic_nodes:
+            lo, hi = (int(x) for x in c.elastic_nodes.split(":"))
+            if not lo <= n <= hi:
+                raise SpecError(f"launch.nnodes: {n} is outside cluster.elastic_nodes "
+                                f"{c.elastic_nodes}")
+        if c.kind != "pod" and n > 1 and self.port == 0:
+            raise SpecError("launch.master_port: 0 (a free port) cannot be a rendezvous "
+                            "endpoint other pods connect to; use e.g. 29500")
+        longest = pod_name_hosts(self.spec)[-1]
+        if len(longest) > 63:
+            raise SpecError(f"name: pod hostname {longest!r} would exceed 63 characters; "
+                            f"use a shorter --name")
+        if c.kind == "job" and not _DNS1035.match(self.name):
+            raise SpecError(f"name: {self.name!r} names the headless Service, which must start "
+                            f"with a letter (DNS-1035); e.g. 'job-{self.name}'")
+        for key, value in c.labels.items():
+            if not _LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
+                raise SpecError(f"cluster.labels: {key!r} is not a valid label key")
+            if key.startswith("disttrain.io/") or key.startswith("app.kubernetes.io/"):
+                raise SpecError(f"cluster.labels: {key} is set by disttrain, which finds the "
+                                f"job by it; use another key")
+            if not _LABEL_VALUE.match(value) or len(value) > 63:
+                raise SpecError(f"cluster.labels: {key}={value!r} is not a valid label value")
+        for what, rl in (("cpu", c.cpu), ("memory", c.memory)):
+            if rl.request and rl.limit and quantity(rl.request) > quantity(rl.limit):
+                raise SpecError(f"cluster.{what}: request {rl.request} is above limit "
+                                f"{rl.limit}; Kubernetes rejects that")
+        if self.spec.workload != "script" and not self.local and not (
+                c.image_has_disttrain or c.install_disttrain):
+            raise SpecError(
+                f"cluster.image: the built-in job '{self.spec.workload}' runs `python -m "
+                f"disttrain.worker` in the pod, so the image needs disttrain; pass "
+                f"--image-has-disttrain if {self.image} has it, or --install-disttrain "
+                f"'disttrain' (with --pip-index-url of your mirror) to pip install it at "
+                f"start, or run your own script that needs only torch")
+        if self.spec.launch.launcher != "torchrun":
+            self.warnings.append(f"launch.launcher: pods always start workers with torchrun; "
+                                 f"{self.spec.launch.launcher} applies to `disttrain run` only")
+        if c.image_has_disttrain and c.install_disttrain:
+            self.warnings.append("cluster.install_disttrain: the image already has disttrain "
+                                 "(image_has_disttrain); installing again at every start")
+
+    # -- top level ----------------------------------------------------------------------
+    def render(self) -> Rendered:
+        objects = [self._pvc(v) for v in self.c.volumes if v.create]
+        if self.code.needs_configmap:
+            objects.append(self._configmap())
+        if self.c.kind == "pod":
+            objects.append(self._pod())
+        elif self.c.kind == "job":
+            objects += [self._service(), self._job()]
+        else:
+            objects.append(self._pytorchjob())
+        self._warn(objects)
+        return Rendered(objects, self.warnings)
+
+    def _meta(self, name: str, **extra: Any) -> dict[str, Any]:
+        return {"name": name, "namespace": self.c.namespace, "labels": self._labels(), **extra}
+
+    def _labels(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": "disttrain", "app.kubernetes.io/instance": self.name,
+                "app.kubernetes.io/managed-by": "disttrain", LABEL_JOB: self.name,
+                LABEL_KIND: self.c.kind, "disttrain.io/workload": self.spec.workload,
+                "disttrain.io/needs-disttrain": str(self._needs_disttrain()).lower(),
+                **self.c.labels}
+
+    def _pod_meta(self) -> dict[str, Any]:
+        notes = {ANNOTATION_IMAGE: self._image_needs(), **hami.hami_annotations(self.c)}
+        if self.code.needs_configmap:
+            # new code = new pod: files mounted with subPath never change in a running pod
+            data = json.dumps(configmap_data(self.code), sort_keys=True).encode()
+            notes[ANNOTATION_CODE] = hashlib.sha256(data).hexdigest()[:32]
+        return {"labels": self._labels(), "annotations": notes}
+
+    def _needs_disttrain(self) -> bool:
+        return self.spec.workload != "script" or bool(self.c.install_disttrain)
+
+    def _image_needs(self) -> str:
+        if self.c.install_disttrain:
+            where = self.c.pip_index_url or "the image's pip configuration"
+            return f"torch and pip; {self.c.install_disttrain} is pip-installed at start from {where}"
+        if self.spec.workload == "script":
+            return "torch (the user script runs under torchrun)"
+        return "torch and disttrain (built-in job: python -m disttrain.worker)"
+
+    # -- objects ------------------------------------------------------------------------
+    def _pvc(self, vol: Any) -> dict[str, Any]:
+        spec: dict[str, Any] = {"accessModes": [vol.access_mode],
+                                "resources": {"requests": {"storage": vol.size}}}
+        if vol.storage_class:
+            spec["storageClassName"] = vol.storage_class
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": self._meta(vol.pvc), "spec": spec}
+
+    def _configmap(self) -> dict[str, Any]:
+        data, binary = configmap_data(self.code)
+        obj: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
+                               "metadata": self._meta(f"{self.name}-code")}
+        if data:
+            obj["data"] = data
+        if binary:
+            obj["binaryData"] = binary
+        return obj
+
+    def _pod(self) -> dict[str, Any]:
+        env = [("MASTER_ADDR", "localhost"), ("MASTER_PORT", str(self.port))]
+        argv = torchrun_argv(self._pod_spec_view(), nproc=self.nproc, spec_path=self._spec_path())
+        meta = self._meta(self.name)
+        meta["annotations"] = self._pod_meta()["annotations"]
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                "spec": self._podspec(self._container("trainer", argv, env))}
+
+    def _service(self) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.name),
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                         "selector": {LABEL_JOB: self.name, LABEL_KIND: "job"},
+                         "ports": [{"name": "rdzv", "port": self.port,
+                                    "targetPort": self.port, "protocol": "TCP"}]}}
+
+    def _job(self) -> dict[str, Any]:
+        n = self.spec.launch.nnodes
+        rank0 = f"{self.name}-0.{self.name}"  # pod 0's hostname.subdomain
+        argv = torchrun_argv(self._pod_spec_view(), nproc=self.nproc,
+                             node_rank="$(JOB_COMPLETION_INDEX)",
+                             rdzv_endpoint=f"{rank0}:{self.port}", spec_path=self._spec_path())
+        env: list[tuple[str, Any]] = [
+            ("MASTER_ADDR", rank0), ("MASTER_PORT", str(self.port)),
+            ("JOB_COMPLETION_INDEX", {"fieldRef": {"fieldPath": "metadata.annotations"
+                                      "['batch.kubernetes.io/job-completion-index']"}})]
+        podspec = self._podspec(self._container("trainer", argv, env), subdomain=self.name)
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.name),
+                "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n,
+                         # one lost rank breaks the process group: fail the Job, no retry
+                         "backoffLimit": 0,
+                         "template": {"metadata": self._pod_meta(), "spec": podspec}}}
+
+    def _pytorchjob(self) -> dict[str, Any]:
+        n, c = self.spec.launch.nnodes, self.c
+        argv = ["torchrun", f"--nproc_per_node={self.nproc}"]
+        if self.spec.launch.max_restarts and not c.elastic_nodes:
+            argv.append(f"--max_restarts={self.spec.launch.max_restarts}")
+        argv += worker_command(self._pod_spec_view(), self._spec_path())
+        ctr = self._container("pytorch", argv, [], unbuffered=False)  # the operator sets it
+        ctr["ports"] = [{"name": "pytorchjob-port", "containerPort": self.port,
+                         "protocol": "TCP"}]
+        podspec = self._podspec(ctr)
+
+        def replica(count: int, rank_offset: int = 0) -> dict[str, Any]:
+            meta = self._pod_meta()
+            if rank_offset:
+                meta["annotations"][RANK_OFFSET] = str(rank_offset)
+            return {"replicas": count, "restartPolicy": "Never",
+                    "template": {"metadata": meta, "spec": copy.deepcopy(podspec)}}
+
+        spec: dict[str, Any] = {"nprocPerNode": str(self.nproc),
+                                "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0}}
+        if c.elastic_nodes:
+            lo, hi = (int(x) for x in c.elastic_nodes.split(":"))
+            spec["elasticPolicy"] = {"minReplicas": lo, "maxReplicas": hi,
+                                     "rdzvBackend": "c10d",
+                                     "rdzvId": self.spec.launch.rdzv_id or self.name,
+                                     "maxRestarts": self.spec.launch.max_restarts}
+            spec["pytorchReplicaSpecs"] = {"Worker": replica(n)}
+        else:
+            spec["pytorchReplicaSpecs"] = {"Master": replica(1)}
+            if n > 1:
+                spec["pytorchReplicaSpecs"]["Worker"] = replica(n - 1, rank_offset=1)
+        return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                "metadata": self._meta(self.name), "spec": spec}
+
+    # -- pod pieces ---------------------------------------------------------------------
+    def _pod_spec_view(self) -> JobSpec:
+        """The spec as the pod sees it: the script at its in-pod path."""
+        if self.code.script_in_pod is None:
+            return self.spec
+        return self.spec.model_copy(update={"script": self.code.script_in_pod})
+
+    def _spec_path(self) -> str:
+        return SPEC_PATH
+
+    def _container(self, name: str, argv: list[str], env: list[tuple[str, Any]],
+                   unbuffered: bool = True) -> dict[str, Any]:
+        ctr: dict[str, Any] = {"name": name, "image": self.image,
+                               "imagePullPolicy": self.c.image_pull_policy,
+                               "command": self._command(argv)}
+        if self.code.delivery == "configmap":
+            ctr["workingDir"] = self.code.mount
+        ctr["env"] = self._env(env, unbuffered)
+        ctr["resources"] = self._resources()
+        ctr["volumeMounts"] = self._mounts()
+        ctr["securityContext"] = container_security(self.c)
+        return ctr
+
+    def _command(self, argv: list[str]) -> list[str]:
+        c = self.c
+        if not c.install_disttrain or self.local:
+            return argv
+        pip = ["python", "-m", "pip", "install", "--no-cache-dir"]
+        if c.pip_index_url:
+            pip += ["--index-url", c.pip_index_url]
+            url = urlparse(c.pip_index_url)
+            if url.scheme == "http" and url.hostname:
+                pip += ["--trusted-host", url.hostname]  # a plain-HTTP mirror, as in the guide
+        pip.append(c.install_disttrain)
+        return ["sh", "-c", f"{shlex.join(pip)} && exec {shlex.join(argv)}"]
+
+    def _env(self, rendered: list[tuple[str, Any]], unbuffered: bool) -> list[dict[str, Any]]:
+        """User env first (the guide's order), then ours unless the user set the same name."""
+        pairs: list[tuple[str, Any]] = list(self.c.env.items())
+        pairs += rendered + hami.nccl_env(self.c)
+        if unbuffered:
+            pairs.append(("PYTHONUNBUFFERED", "1"))  # so `logs -f` shows progress live
+        out, seen = [], set()
+        for key, value in pairs:
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append({"name": key, "valueFrom": value} if isinstance(value, dict)
+                       else {"name": key, "value": value})
+        return out
+
+    def _resources(self) -> dict[str, Any]:
+        c, requests, limits = self.c, {}, {}
+        for key, rl in (("cpu", c.cpu), ("memory", c.memory)):
+            if rl.request:
+                requests[key] = rl.request
+            if rl.limit:
+                limits[key] = rl.limit
+        vgpu = hami.hami_resources(c)
+        limits.update(vgpu)  # HAMi's webhook reads limits only
+        out: dict[str, Any] = {}
+        if requests:
+            out["requests"] = {**requests, **vgpu}  # extended resources: request == limit
+        if limits:
+            out["limits"] = limits
+        return out
+
+    def _mounts(self) -> list[dict[str, Any]]:
+        code, mounts = self.code, []
+        if code.delivery == "configmap":
+            mounts.append({"name": "workspace", "mountPath": code.mount})
+        else:
+            mounts.append({"name": "code", "mountPath": code.mount})
+        cm_volume = "code" if code.delivery == "configmap" else "jobspec"
+        for f in code.files:
+            mounts.append({"name": cm_volume, "mountPath": f.mount_path, "subPath": f.key,
+                           "readOnly": True})
+        for vol in self.c.volumes:
+            m: dict[str, Any] = {"name": vol.name, "mountPath": vol.mount}
+            if vol.read_only:
+                m["readOnly"] = True
+            mounts.append(m)
+        if self.c.shm:
+            mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        return mounts
+
+    def _volumes(self) -> list[dict[str, Any]]:
+        code, c, vols = self.code, self.c, []
+        cm = {"configMap": {"name": f"{self.name}-code"}}
+        if code.delivery == "configmap":
+            vols.append({"name": "workspace", "emptyDir": {}})
+            if code.files:
+                vols.append({"name": "code", **cm})
+        else:
+            source = ({"hostPath": {"path": c.code.host_path, "type": "DirectoryOrCreate"}}
+                      if code.delivery == "host_path"
+                      else {"persistentVolumeClaim": {"claimName": c.code.pvc}})
+            vols.append({"name": "code", **source})
+            if code.files:
+                vols.append({"name": "jobspec", **cm})
+        for vol in c.volumes:
+            if vol.pvc:
+                vols.append({"name": vol.name, "persistentVolumeClaim": {"claimName": vol.pvc}})
+            else:
+                vols.append({"name": vol.name, "hostPath": {"path": vol.host_path,
+                                                            "type": "DirectoryOrCreate"}})
+        if c.shm:
+            vols.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": c.shm}})
+        return vols
+
+    def _podspec(self, container: dict[str, Any], subdomain: str | None = None) -> dict[str, Any]:
+        c, spec = self.c, {}
+        if c.scheduler:
+            spec["schedulerName"] = c.scheduler
+        if c.node_selector:
+            spec["nodeSelector"] = dict(c.node_selector)
+        if c.runtime_class:
+            spec["runtimeClassName"] = c.runtime_class
+        if c.image_pull_secrets:
+            spec["imagePullSecrets"] = [{"name": s} for s in c.image_pull_secrets]
+        if subdomain:
+            spec["subdomain"] = subdomain
+        spec["securityContext"] = pod_security()
+        spec["containers"] = [container]
+        spec["volumes"] = self._volumes()
+        spec["restartPolicy"] = "Never"
+        return spec
+
+    # -- warnings -----------------------------------------------------------------------
+    def _warn(self, objects: list[dict[str, Any]]) -> None:
+        c, w = self.c, self.warnings
+        if c.code.host_path:
+            w.append(f"cluster.code.host_path: the code must already be in {c.code.host_path} "
+                     f"on the node, which pins the job to nodes holding it (use --node-selector);"
+                     f" the ConfigMap default needs nothing on the nodes")
+        for vol in c.volumes:
+            if vol.host_path:
+                w.append(f"cluster.volumes.{vol.name}: hostPath {vol.host_path} pins the job to "
+                         f"nodes that hold it; prefer a PVC")
+            if (vol.create and c.kind != "pod" and self.spec.launch.nnodes > 1
+                    and vol.access_mode == "ReadWriteOnce" and not vol.read_only):
+                w.append(f"cluster.volumes.{vol.name}: a ReadWriteOnce PVC is shared by "
+                         f"{self.spec.launch.nnodes} pods, which then must all run on one node "
+                         f"(K3s local-path is RWO only); use ReadWriteMany storage (e.g. NFS)")
+        if hami.hami_resources(c) and c.scheduler != hami.HAMI_SCHEDULER:
+            w.append(f"cluster.scheduler: {c.scheduler or 'the default scheduler'} with HAMi "
+                     f"resources: HAMi's webhook leaves pods of other schedulers alone, so "
+                     f"gpumem/gpucores are not enforced; use {hami.HAMI_SCHEDULER}")
+        if c.shm and c.memory.limit and quantity(c.shm) > quantity(c.memory.limit):
+            w.append(f"cluster.shm: {c.shm} of /dev/shm counts against the memory limit "
+                     f"{c.memory.limit}; raise --memory or lower --shm")
+        if "no-vgpu-control" in c.vgpu_workarounds:
+            w.append("cluster.vgpu_workarounds: no-vgpu-control turns HAMi's GPU memory and "
+                     "core isolation off for this job (CUDA_DISABLE_CONTROL=true)")
+        for v in baseline_violations(objects):
+            w.append(f"{v} is outside the Pod Security Standards 'baseline' level; a "
+                     f"namespace enforcing it rejects this pod")
+

@@ -1,0 +1,202 @@
+"""run-local: the rendered pods as processes in network namespaces.
+
+The pure parts (env, $(VAR) expansion, hosts, addresses, paths) run everywhere; the
+`netns` tests need root and iproute2 and train for real across 2 emulated hosts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disttrain.k8s import local
+from disttrain.k8s.render import render
+from disttrain.spec import JobSpec
+
+
+def _can_netns() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "needs iproute2 `ip` and util-linux `unshare`"
+    done = subprocess.run(["ip", "netns", "list"], capture_output=True, check=False)
+    return None if done.returncode == 0 else "`ip netns` does not work here"
+
+
+NETNS_SKIP = _can_netns()
+netns = pytest.mark.skipif(NETNS_SKIP is not None, reason=NETNS_SKIP or "")
+
+
+def _job_spec(**launch: Any) -> JobSpec:
+    return JobSpec.from_dict({"launch": {"nnodes": 2, "nproc_per_node": 1, **launch},
+                              "cluster": {"kind": "job"}})
+
+
+def test_expand_follows_kubelet_rules() -> None:
+    env = {"A": "1", "B": "two"}
+    assert local.expand("--x=$(A)-$(B)", env) == "--x=1-two"
+    assert local.expand("$(MISSING)", env) == "$(MISSING)"
+    assert local.expand("$$(A) $$", env) == "$(A) $"
+
+
+def test_addresses_come_only_from_198_18_0_0_15() -> None:
+    block = ipaddress.ip_network("198.18.0.0/15")
+    addrs = [ipaddress.ip_address(local.pod_address(i)) for i in range(254)]
+    assert all(a in block for a in addrs) and len(set(addrs)) == 254
+    with pytest.raises(local.LocalRunError):
+        local.pod_address(254)
+
+
+def test_job_pods_get_their_index_and_names(workdir: Path) -> None:
+    spec = _job_spec()
+    objects = render(spec, workdir, local=True).objects
+    pods = local.local_pods(objects, spec)
+    assert [p.name for p in pods] == ["disttrain-0", "disttrain-1"]
+    p1 = pods[1]
+    assert p1.env["JOB_COMPLETION_INDEX"] == "1"
+    assert "--node_rank=1" in p1.argv  # $(JOB_COMPLETION_INDEX) expanded like kubelet does
+    assert "--rdzv_endpoint=disttrain-0.disttrain:29500" in p1.argv
+    assert p1.aliases == ("disttrain-1.disttrain.default.svc.cluster.local",
+                          "disttrain-1.disttrain", "disttrain-1")
+    hosts = local.hosts_file(pods)
+    assert "198.18.0.1\tdisttrain-0.disttrain.default.svc.cluster.local disttrain-0.disttrain " \
+           "disttrain-0\n" in hosts
+    assert hosts.startswith("127.0.0.1\tlocalhost\n")
+
+
+def test_pytorchjob_pods_get_the_operator_env(workdir: Path) -> None:
+    spec = JobSpec.from_dict({"script": "train.py", "launch": {"nnodes": 3},
+                              "cluster": {"kind": "pytorchjob", "gpus": 2}})
+    pods = local.local_pods(render(spec, workdir, local=True).objects, spec)
+    assert [p.name for p in pods] == ["disttrain-master-0", "disttrain-worker-0",
+                                      "disttrain-worker-1"]
+    assert pods[2].env["PET_NODE_RANK"] == "2" and pods[2].env["PET_NNODES"] == "3"
+    assert pods[0].env["PET_MASTER_ADDR"] == "disttrain-master-0"
+    assert pods[1].env["WORLD_SIZE"] == "6"
+
+
+def test_paths_map_to_local_folders() -> None:
+    mapping = {"/workspace": "/tmp/w", "/workspace/data": "/tmp/d"}
+    assert local.map_path("/workspace/train.py", mapping) == "/tmp/w/train.py"
+    assert local.map_path("/workspace/data/x", mapping) == "/tmp/d/x"
+    assert local.map_path("--spec=/workspace/j.yaml", mapping) == "--spec=/tmp/w/j.yaml"
+    assert local.map_path("/workspaces", mapping) == "/workspaces"
+    assert local.map_path("train.py", mapping) == "train.py"
+
+
+def test_without_root_it_says_why(cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    result = cli("k8s", "run-local", "--kind", "job", "--nnodes", "2")
+    assert result.code == 2 and "needs root" in result.err and "Traceback" not in result.err
+
+
+def test_without_ip_it_says_why(cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "ip" else real(tool))
+    result = cli("k8s", "run-local", "--kind", "job", "--nnodes", "2")
+    assert result.code == 2 and "`ip` (iproute2)" in result.err
+
+
+def _leftovers(tag: str = "dt") -> list[str]:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                           check=False).stdout.split()
+    ours = [n for n in names if n.startswith(tag) and "-" in n]
+    etc = Path("/etc/netns")
+    return ours + ([p.name for p in etc.iterdir() if p.name.startswith(tag)] if etc.is_dir()
+                   else [])
+
+
+@netns
+@pytest.mark.netns
+@pytest.mark.timeout(600)
+def test_run_local_trains_the_default_job_on_two_emulated_hosts(cli: Any, workdir: Path) -> None:
+    run_dir = workdir / "run"
+    result = cli("k8s", "run-local", "--kind", "job", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--backend", "gloo", "--epochs", "8", "--run-dir", str(run_dir),
+                 "--timeout", "540")
+    assert result.code == 0, result.out[-3000:] + result.err[-3000:]
+    assert "[disttrain-0]" in result.out and "[disttrain-1]" in result.out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["test_accuracy"] >= 0.95
+    assert summary["params_in_sync"] is True
+    assert _leftovers(f"dt{os.getpid()}") == []
+
+
+@netns
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+def test_emulated_pods_reach_each_other_and_nothing_else(workdir: Path) -> None:
+    spec = _job_spec()
+    pods = local.local_pods(render(spec, workdir, local=True).objects, spec)
+    probe = ("import socket, sys\n"
+             "print(socket.gethostname(), socket.gethostbyname(sys.argv[1]))\n"
+             "s = socket.socket(); s.settimeout(2)\n"
+             "try:\n    s.connect(('1.1.1.1', 53)); print('REACHED')\n"
+             "except OSError as e:\n    print('blocked', e.errno)\n")
+    with local.network(pods, f"dt{os.getpid()}t") as names:
+        routes = subprocess.run(["ip", "-n", names["disttrain-1"], "-4", "route"],
+                                capture_output=True, text=True, check=True).stdout
+        assert routes.split()[0] == "198.18.0.0/24" and "default" not in routes
+        out = subprocess.run(
+            ["ip", "netns", "exec", names["disttrain-1"], "unshare", "--uts", "--", "sh", "-c",
+             'hostname disttrain-1 && exec "$@"', "sh", sys.executable, "-c", probe,
+             "disttrain-0.disttrain"], capture_output=True, text=True, timeout=60, check=True)
+        host, addr, *rest = out.stdout.split()
+        assert (host, addr) == ("disttrain-1", "198.18.0.1")
+        assert rest[0] == "blocked" and "REACHED" not in out.stdout
+    assert _leftovers(f"dt{os.getpid()}t") == []
+
+
+@netns
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: Path) -> None:
+    (workdir / "fail.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
+    result = cli("k8s", "run-local", "fail.py", "--kind", "job", "--nnodes", "2",
+                 "--nproc-per-node", "1", "--backend", "gloo", "--timeout", "240")
+    assert result.code != 0
+    assert "[disttrain-0] about to fail" in result.out
+    assert "error: pod disttrain-0 failed" in result.err
+    assert _leftovers(f"dt{os.getpid()}") == []
+
+
+@netns
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+def test_interrupt_removes_everything(workdir: Path) -> None:
+    (workdir / "sleep.py").write_text("import time\nprint('sleeping', flush=True)\n"
+                                      "time.sleep(600)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disttrain.cli.main", "k8s", "run-local", "sleep.py", "--kind",
+         "job", "--nnodes", "2", "--nproc-per-node", "1", "--backend", "gloo"],
+        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tag = f"dt{proc.pid}"
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until both pods run
+            if "sleeping" in line and "[disttrain-1]" in line:
+                break
+        assert len([n for n in _leftovers(tag) if n.startswith(tag)]) >= 3
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _leftovers(tag) == []
+    time.sleep(0.5)
+    leaked = subprocess.run(["pgrep", "-f", "disttrain-run-local-.*sleep[.]py"],
+                            capture_output=True, text=True, check=False).stdout.split()
+    assert leaked == []
+
