@@ -1,0 +1,230 @@
+"""`disttrain lint`: check a training script against the guide's checklist, statically.
+
+    disttrain lint train.py                     # path:line: DT004 message / fix
+    disttrain lint --format json a.py b.py      # [{"rule","path","line","message","fix"}]
+    x = 1  # disttrain: ignore[DT005]           # silence one rule on one line
+
+    findings = lint_paths(["train.py"])         # raises LintError for unreadable input
+
+Seed 000 appendix A (the checklist) and §8 (errors) turned into AST rules with stable
+ids; see RULES and docs/troubleshooting.md. Nothing is executed and torch is not
+imported: linting answers in milliseconds on a laptop without GPUs. Rules prefer
+silence to guessing: each one fires only on a pattern it can name precisely.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from disttrain.diagnose import lint_rules_io, lint_rules_more  # noqa: F401  (DT006+)
+from disttrain.diagnose.lint_ctx import ScriptInfo
+from disttrain.diagnose.lint_rules import CHECKS, RULES, Rule
+
+__all__ = ["RULES", "Finding", "LintError", "Rule", "format_findings", "lint_paths",
+           "lint_source"]
+
+_IGNORE = re.compile(r"#\s*disttrain:\s*ignore(?:\[(?P<rules>[A-Za-z0-9_,\s]*)\])?")
+# non-Python launch files: only the text rule applies (python -m torch.distributed.launch)
+TEXT_SUFFIXES = (".sh", ".bash", ".yaml", ".yml")
+_LAUNCH_TEXT = re.compile(r"torch\.distributed\.launch\b")
+
+
+class LintError(Exception):
+    """The script cannot be read or parsed; the message names the file (and line)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule violation: rule id, where, what is wrong and how to fix it."""
+
+    rule: str
+    path: str
+    line: int
+    message: str
+    fix: str
+    end_line: int = field(default=0, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `--format json` shape: rule, path, line, message, fix."""
+        return {"rule": self.rule, "path": self.path, "line": self.line,
+                "message": self.message, "fix": self.fix}
+
+
+def lint_source(source: str, path: str = "<string>", select: Iterable[str] | None = None,
+                ignore: Iterable[str] | None = None) -> list[Finding]:
+    """Findings for one script's source, sorted by line.
+
+    Args:
+        source: the script's text.
+        path: the name shown in findings.
+        select: only these rule ids (default: all).
+        ignore: never these rule ids.
+
+    Raises:
+        LintError: the source is not valid Python (the message names file and line).
+
+    Example:
+        >>> [f.rule for f in lint_source("import torch\\nm = torch.nn.DataParallel(net)\\n")]
+        ['DT001']
+    """
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        where = f"{path}:{exc.lineno}" if exc.lineno else path
+        raise LintError(f"{where}: cannot parse the script: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise LintError(f"{path}: cannot parse the script: {exc}") from None
+    try:
+        found = _run_checks(ScriptInfo(tree, source), path, _wanted(select, ignore))
+    except RecursionError:
+        raise LintError(f"{path}: the script is too deeply nested to analyse") from None
+    silenced = _ignore_comments(source)
+    out = [f for f in found.values() if not _is_silenced(f, silenced)]
+    return sorted(out, key=lambda f: (f.line, f.rule))
+
+
+def _run_checks(info: ScriptInfo, path: str, wanted: set[str]) -> dict[tuple[str, int], Finding]:
+    found: dict[tuple[str, int], Finding] = {}
+    for rule_id, check in CHECKS.items():
+        if rule_id not in wanted:
+            continue
+        for node, message, fix in check(info):
+            line = getattr(node, "lineno", 1)
+            key = (rule_id, line)
+            if key not in found:   # one finding per rule and line
+                found[key] = Finding(rule_id, path, line, message, fix or RULES[rule_id].fix,
+                                     _span_end(node, line))
+    return found
+
+
+def lint_text(text: str, path: str) -> list[Finding]:
+    """Launch scripts and manifests: only DT008 (torch.distributed.launch) applies."""
+    out = []
+    for no, line in enumerate(text.splitlines(), start=1):
+        stripped = line.lstrip()
+        if stripped.startswith("#") or not _LAUNCH_TEXT.search(line):
+            continue
+        if _ignore_line(line, "DT008"):
+            continue
+        rule = RULES["DT008"]
+        out.append(Finding("DT008", path, no, "launches with `python -m torch.distributed."
+                           "launch`, which is deprecated and passes --local-rank as an "
+                           "argument", rule.fix, no))
+    return out
+
+
+def lint_paths(paths: Iterable[str | Path], select: Iterable[str] | None = None,
+               ignore: Iterable[str] | None = None) -> list[Finding]:
+    """Findings for several files; every file is read and parsed before any is linted.
+
+    Raises:
+        LintError: a file is missing, unreadable, not UTF-8 or not valid Python.
+    """
+    sources = []
+    for p in paths:
+        path = Path(p)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise LintError(f"{p}: no such file") from None
+        except IsADirectoryError:
+            raise LintError(f"{p}: is a directory, not a script") from None
+        except OSError as exc:
+            raise LintError(f"{p}: cannot read: {exc.strerror or exc}") from None
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise LintError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+        sources.append((str(p), text))
+    parsed = []
+    for name, text in sources:
+        if name.endswith(TEXT_SUFFIXES):
+            parsed.append((name, text, None))
+            continue
+        try:
+            ast.parse(text, filename=name)
+        except SyntaxError as exc:
+            where = f"{name}:{exc.lineno}" if exc.lineno else name
+            raise LintError(f"{where}: cannot parse the script: {exc.msg}") from None
+        except (ValueError, RecursionError, MemoryError) as exc:
+            raise LintError(f"{name}: cannot parse the script: {exc}") from None
+        parsed.append((name, text, True))
+    out: list[Finding] = []
+    for name, text, is_python in parsed:
+        if is_python:
+            out += lint_source(text, name, select, ignore)
+        elif "DT008" in _wanted(select, ignore):
+            out += lint_text(text, name)
+    return out
+
+
+def format_findings(findings: list[Finding]) -> str:
+    """path:line: RULE message, then the fix, indented; a summary line at the end."""
+    lines = []
+    for f in findings:
+        lines.append(f"{f.path}:{f.line}: {f.rule} {f.message}")
+        lines.append(f"    fix: {f.fix}")
+    files = len({f.path for f in findings})
+    lines.append(f"{len(findings)} finding(s) in {files} file(s)" if findings
+                 else "no findings")
+    return "\n".join(lines)
+
+
+def _wanted(select: Iterable[str] | None, ignore: Iterable[str] | None) -> set[str]:
+    wanted = {r.upper() for r in select} if select else set(RULES)
+    return wanted - {r.upper() for r in (ignore or ())}
+
+
+def _span_end(node: ast.AST, line: int) -> int:
+    """Last line an ignore comment may sit on: a call's last line, a block's header."""
+    body = getattr(node, "body", None)
+    if isinstance(body, list) and body and hasattr(body[0], "lineno"):
+        return max(line, body[0].lineno - 1)
+    return getattr(node, "end_lineno", None) or line
+
+
+def _ignore_comments(source: str) -> dict[int, set[str] | None]:
+    """line -> rule ids silenced there (None: every rule)."""
+    out: dict[int, set[str] | None] = {}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return out
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT and _IGNORE.search(tok.string):
+            out[tok.start[0]] = _silenced_rules(tok.string)
+    return out
+
+
+def _silenced_rules(comment: str) -> set[str] | None:
+    """Rule ids of every `disttrain: ignore[...]` in a comment; None for a bare ignore."""
+    rules: set[str] = set()
+    for m in _IGNORE.finditer(comment):
+        if m.group("rules") is None:
+            return None
+        rules |= {r.strip().upper() for r in m.group("rules").split(",") if r.strip()}
+    return rules
+
+
+def _is_silenced(f: Finding, silenced: dict[int, set[str] | None]) -> bool:
+    """An ignore comment on any line of the flagged statement silences it."""
+    for line in range(f.line, max(f.line, f.end_line) + 1):
+        if line in silenced:
+            rules = silenced[line]
+            if rules is None or f.rule in rules:
+                return True
+    return False
+
+
+def _ignore_line(line: str, rule: str) -> bool:
+    if "#" not in line or not _IGNORE.search(line):
+        return False
+    rules = _silenced_rules(line[line.index("#"):])
+    return rules is None or rule in rules

@@ -1,0 +1,255 @@
+"""The checklist rules DT001-DT010 (seed 000 appendix A and §8), one function each.
+
+Each check takes a ScriptInfo and yields (node, message, fix or None); None means the
+rule's default fix from RULES. Ids are stable: a new rule takes the next free id, a
+retired rule's id is never reused. DT011 and later live in `lint_rules_more`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from disttrain.diagnose.lint_ctx import ScriptInfo, keyword, literal_str
+
+Hit = tuple[ast.AST, str, "str | None"]
+Check = Callable[[ScriptInfo], Iterator[Hit]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule's stable id, short name, what it catches, and the default fix."""
+
+    id: str
+    name: str
+    summary: str
+    fix: str
+
+
+RULES: dict[str, Rule] = {}
+CHECKS: dict[str, Check] = {}
+
+
+def rule(rule_id: str, name: str, summary: str, fix: str) -> Callable[[Check], Check]:
+    """Register a check under its stable id."""
+    def register(fn: Check) -> Check:
+        RULES[rule_id] = Rule(rule_id, name, summary, fix)
+        CHECKS[rule_id] = fn
+        return fn
+    return register
+
+
+def src(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@rule("DT001", "dataparallel",
+      "nn.DataParallel where DistributedDataParallel fits (checklist: DDP, not DataParallel)",
+      "Use DistributedDataParallel with one process per GPU, started by torchrun "
+      "(`disttrain run script.py`); it overlaps gradient all-reduce with backward and "
+      "works across nodes.")
+def dt001(info: ScriptInfo) -> Iterator[Hit]:
+    for call in info.calls_to("DataParallel"):
+        yield (call, "nn.DataParallel runs one process with a thread per GPU: the GIL limits "
+                     "it, GPU 0 gathers every output, and it cannot span nodes", None)
+
+
+@rule("DT002", "backend-device",
+      "nccl backend in code that never uses a GPU, or gloo in code that trains on GPUs",
+      "Choose the backend from the device: backend='nccl' if torch.cuda.is_available() else "
+      "'gloo' (seed 000 §7.1), or let torchrun/disttrain pick (--backend auto).")
+def dt002(info: ScriptInfo) -> Iterator[Hit]:
+    inits = list(info.calls_to("init_process_group"))
+    backends = {(literal_str(keyword(c, "backend", 0)) or "?").lower() for c in inits}
+    if len(backends) > 1:
+        return   # the backend is chosen per branch: each literal is a deliberate fallback
+    for call in inits:
+        world = keyword(call, "world_size", 3)
+        if isinstance(world, ast.Constant) and world.value == 1:
+            continue   # a one-process group: the backend never moves data
+        backend = (literal_str(keyword(call, "backend", 0)) or "").lower()
+        if backend == "nccl" and not info.uses_gpu():
+            yield (call, 'backend="nccl" but the script never puts a tensor on a GPU: NCCL '
+                         'only moves CUDA tensors ("No backend type associated with device '
+                         'type cpu")', None)
+        elif backend == "gloo" and info.trains_on_gpu():
+            yield (call, 'backend="gloo" in a script that trains on GPUs: gloo copies every '
+                         'gradient through the CPU and is several times slower than NCCL',
+                   None)
+
+
+# -- DT003 --------------------------------------------------------------------------------
+_WRAPPERS = ("enumerate", "tqdm", "iter", "zip", "islice", "track", "progress_bar")
+
+
+def _loaderish(info: ScriptInfo, expr: ast.AST, loaders: set[str]) -> bool:
+    while isinstance(expr, ast.Call) and expr.args and \
+            info.call_name(expr).split(".")[-1] in _WRAPPERS:
+        expr = expr.args[0]
+    if isinstance(expr, ast.Name):
+        return expr.id in loaders or "loader" in expr.id.lower()
+    if isinstance(expr, ast.Attribute):
+        return "loader" in expr.attr.lower()
+    if isinstance(expr, ast.Call):
+        name = info.call_name(expr).split(".")[-1]
+        return name.endswith("DataLoader") or "loader" in name.lower()
+    return False
+
+
+def _nearest_loop(info: ScriptInfo, node: ast.AST) -> ast.AST | None:
+    for anc in info.ancestors(node):
+        if isinstance(anc, (ast.For, ast.While, ast.AsyncFor)):
+            return anc
+        if isinstance(anc, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+    return None
+
+
+def _epoch_loops(info: ScriptInfo, loaders: set[str]) -> list[ast.AST]:
+    """Loops that iterate a data loader once per pass: the epoch loops."""
+    loops: list[ast.AST] = []
+    pending = [n for n in info.nodes
+               if isinstance(n, (ast.For, ast.AsyncFor)) and _loaderish(info, n.iter, loaders)]
+    seen_funcs: set[str] = set()
+    while pending:
+        node = pending.pop()
+        loop = _nearest_loop(info, node)
+        if loop is not None:
+            if loop not in loops:
+                loops.append(loop)
+            continue
+        func = info.function_of(node)   # the loader loop is a function called per epoch
+        if func is None or func.name in seen_funcs:
+            continue
+        seen_funcs.add(func.name)
+        pending += [c for c in info.calls if isinstance(c.func, ast.Name)
+                    and c.func.id == func.name]
+    return sorted(loops, key=lambda n: n.lineno)
+
+
+@rule("DT003", "set-epoch",
+      "a DistributedSampler whose loader is iterated every epoch without set_epoch",
+      "Call `sampler.set_epoch(epoch)` (or `loader.sampler.set_epoch(epoch)`) at the start "
+      "of every epoch, before iterating the loader (seed 000 §5.1: 必须调用).")
+def dt003(info: ScriptInfo) -> Iterator[Hit]:
+    samplers = list(info.calls_to("DistributedSampler"))
+    if not samplers or any(True for _ in info.method_calls("set_epoch")):
+        return
+    loaders = {t.id for n in info.nodes if isinstance(n, ast.Assign)
+               and isinstance(n.value, ast.Call)
+               and info.call_name(n.value).endswith("DataLoader")
+               for t in n.targets if isinstance(t, ast.Name)}
+    for loop in _epoch_loops(info, loaders):
+        yield (loop, f"this loop iterates the data loader every pass, but the "
+                     f"DistributedSampler (line {samplers[0].lineno}) never gets "
+                     f"set_epoch(epoch): every epoch repeats the same shuffled order", None)
+
+
+# -- DT004 --------------------------------------------------------------------------------
+def _mentions_rank(info: ScriptInfo, call: ast.Call) -> bool:
+    return any(info.is_rank_expr(n) for arg in [*call.args, *(k.value for k in call.keywords)]
+               for n in ast.walk(arg))
+
+
+def _output_kind(info: ScriptInfo, call: ast.Call) -> str | None:
+    name = info.call_name(call)
+    if name == "torch.save":
+        return "save"
+    if name == "print":
+        return "print"
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        owner = (info.qualname(func.value) or "").lower()
+        if func.attr == "info" and ("log" in owner.split(".")[-1] or owner ==
+                                                "logging"):
+            return "log"
+        if func.attr.startswith("add_") and any(w in owner.split(".")[-1]
+                                                for w in ("writer", "tb", "summary")):
+            return "log"
+        if name in ("wandb.log", "wandb.init") or name.startswith("mlflow.log_"):
+            return "log"
+        if func.attr == "save_pretrained":
+            return "save"
+    return None
+
+
+_DT004 = {
+    "save": ("{what} runs on every rank: all ranks write the same file at the same time (a "
+             "race that can leave a corrupt file)",
+             "Save only on rank 0: `if dist.get_rank() == 0: ...` (checklist: 只在 rank 0 保存模型和"
+             "日志), then dist.barrier() if other ranks read it."),
+    "print": ("print() runs on every rank: each line is printed once per process",
+              "Print only on rank 0 (`if rank == 0:`), or put the rank in the message if every "
+              "rank must report."),
+    "log": ("{what} runs on every rank: every metric is logged once per process",
+            "Log only on rank 0 (`if rank == 0:`); average metrics across ranks with "
+            "dist.all_reduce first if they should describe the whole job."),
+}
+
+
+@rule("DT004", "rank0-output",
+      "saving, printing or logging without a rank-0 guard",
+      "Wrap it in `if dist.get_rank() == 0:` (checklist: save and log only on rank 0).")
+def dt004(info: ScriptInfo) -> Iterator[Hit]:
+    if not info.is_distributed():
+        return
+    spawn = any(True for _ in info.calls_to("torch.multiprocessing.spawn"))
+    for call in info.calls:
+        kind = _output_kind(info, call)
+        if kind is None or info.guarded(call) or info.in_except(call) \
+                or info.in_unused_function(call):
+            continue
+        if kind == "print" and (_mentions_rank(info, call) or
+                                (spawn and info.function_of(call) is None)):
+            continue   # per-rank messages are meant; spawn's parent prints once
+        message, fix = _DT004[kind]
+        yield call, message.format(what=src(call.func) + "()"), fix
+
+
+# -- DT005 --------------------------------------------------------------------------------
+_OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
+               "RAdam", "SparseAdam", "LBFGS", "Lion", "LAMB", "Lamb", "LARS", "Adafactor"}
+
+
+def _constant_number(info: ScriptInfo, expr: ast.AST, scope_node: ast.AST | None) -> float | None:
+    """A numeric literal, or a name only ever assigned one (in its scope, else the module)."""
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float)) \
+            and not isinstance(expr.value, bool):
+        return float(expr.value)
+    if not isinstance(expr, ast.Name):
+        return None
+    nodes = info.assignments.get(expr.id, [])
+    local = [n for n in nodes if info.function_of(n) is scope_node]
+    values = local or [n for n in nodes if info.function_of(n) is None]
+    if not values or any(isinstance(n, ast.AugAssign) or getattr(n, "value", None) is None
+                         for n in values):
+        return None
+    nums = [_constant_number(info, n.value, None) if isinstance(n.value, ast.Constant) else None
+            for n in values]
+    return nums[0] if all(x is not None for x in nums) else None
+
+
+@rule("DT005", "lr-scaling",
+      "learning rate not scaled with the world size (checklist: lr = base_lr * world_size)",
+      "Scale it: `lr = base_lr * dist.get_world_size()` (linear scaling, seed 000 §7.2; add "
+      "warmup for large world sizes), or keep the global batch fixed; if this lr was tuned "
+      "for this world size, say so with `# disttrain: ignore[DT005]`.")
+def dt005(info: ScriptInfo) -> Iterator[Hit]:
+    if not info.is_distributed():
+        return
+    for call in info.calls:
+        name = info.call_name(call)
+        short = name.split(".")[-1]
+        if short not in _OPTIMIZERS or not (name.startswith("torch.optim") or name == short
+                                            or "optim" in name):
+            continue
+        lr = keyword(call, "lr", 1)
+        if lr is None:
+            continue
+        value = _constant_number(info, lr, info.function_of(call))
+        if value is not None:
+            yield (call, f"lr={src(lr)} is not scaled with the world size: with N ranks the "
+                         f"global batch is N times larger, so each step averages over more "
+                         f"samples", None)

@@ -1,0 +1,180 @@
+"""Rules beyond the checklist (DT011-DT018): mistakes seen in the seeds and in issues.
+
+Each is here because it is precise (a pattern that is wrong wherever it appears) and
+because the failure it prevents is expensive: a checkpoint that does not load, every rank
+loading onto GPU 0, a job that collides with its neighbour's port, mp.spawn workers
+that cannot find the master.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from disttrain.diagnose.lint_ctx import ScriptInfo, keyword, literal_str
+from disttrain.diagnose.lint_rules import Hit, rule, src
+
+_AMP = ("torch.cuda.amp", "torch.cpu.amp")
+
+
+@rule("DT011", "deprecated-amp",
+      "torch.cuda.amp.autocast / GradScaler (deprecated since torch 2.4)",
+      "Use torch.amp.autocast('cuda', dtype=torch.bfloat16) and torch.amp.GradScaler('cuda') "
+      "(the guide's §7.3 spelling warns on current torch).")
+def dt011(info: ScriptInfo) -> Iterator[Hit]:
+    for node in info.nodes:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                node.module in _AMP or (node.module in ("torch.cuda", "torch.cpu")
+                                        and any(a.name == "amp" for a in node.names))):
+            yield node, f"imports from {node.module}, the deprecated AMP namespace", None
+    for call in info.calls:
+        name = info.call_name(call)
+        if any(name.startswith(m + ".") for m in _AMP) and isinstance(call.func, ast.Attribute):
+            yield call, f"{src(call.func)}() is deprecated", None
+
+
+@rule("DT012", "torch-load-weights-only",
+      "torch.load without weights_only=True",
+      "Pass weights_only=True (loads tensors and plain containers only; the default since "
+      "torch 2.6, but not in the guide's torch 2.1 image, where a checkpoint can run code).")
+def dt012(info: ScriptInfo) -> Iterator[Hit]:
+    for call in info.calls_to("torch.load"):
+        if keyword(call, "weights_only") is None:
+            yield (call, "torch.load() without weights_only=True unpickles arbitrary objects "
+                         "(older torch runs code from the file)", None)
+
+
+@rule("DT013", "torch-load-map-location",
+      "torch.load without map_location in a multi-GPU script",
+      "Pass map_location='cpu' (then move to the device) or "
+      "map_location=f'cuda:{local_rank}'.")
+def dt013(info: ScriptInfo) -> Iterator[Hit]:
+    if not (info.is_distributed() and info.uses_gpu()):
+        return
+    for call in info.calls_to("torch.load"):
+        if keyword(call, "map_location", 1) is None:
+            yield (call, "torch.load() without map_location puts CUDA tensors back on the GPU "
+                         "they were saved from (usually cuda:0) on every rank: GPU 0 fills up",
+                   None)
+
+
+def _environ_sets(info: ScriptInfo) -> Iterator[tuple[ast.AST, str, ast.AST]]:
+    """(node, key, value) for os.environ[KEY] = value and os.environ.update({...})."""
+    for node in info.nodes:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and (info.qualname(t.value) or "").endswith(
+                        "environ"):
+                    key = literal_str(t.slice)
+                    if key:
+                        yield node, key, node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("update", "setdefault") \
+                and (info.qualname(node.func.value) or "").endswith("environ"):
+            if node.func.attr == "setdefault" and len(node.args) == 2:
+                key = literal_str(node.args[0])
+                if key:
+                    yield node, key, node.args[1]
+            for arg in node.args:
+                if isinstance(arg, ast.Dict):
+                    for k, v in zip(arg.keys, arg.values):
+                        if literal_str(k):
+                            yield node, literal_str(k) or "", v
+
+
+@rule("DT014", "hardcoded-master",
+      "MASTER_PORT (or, under torchrun, MASTER_ADDR) hard-coded in os.environ",
+      "Let the launcher set them (torchrun --master-port / the pod spec); in an mp.spawn "
+      "script use os.environ.setdefault('MASTER_PORT', ...) or pick a free port at start.")
+def dt014(info: ScriptInfo) -> Iterator[Hit]:
+    spawn = any(True for _ in info.calls_to("torch.multiprocessing.spawn"))
+    for node, key, value in _environ_sets(info):
+        if not isinstance(value, ast.Constant) or (
+                isinstance(node, ast.Call) and node.func.attr == "setdefault"):
+            continue
+        if key == "MASTER_PORT":
+            yield (node, f"hard-codes MASTER_PORT={value.value!r}: two jobs on one node then "
+                         f"collide (Address already in use, seed 000 §8.3), and it overrides "
+                         f"what torchrun or the pod spec sets", None)
+        elif key == "MASTER_ADDR" and not spawn:
+            yield (node, f"hard-codes MASTER_ADDR={value.value!r}, overriding the address "
+                         f"torchrun or the pod spec gives (multi-node jobs then cannot meet)",
+                   None)
+
+
+@rule("DT015", "sampler-local-rank",
+      "DistributedSampler(rank=...) given the local rank",
+      "Let the sampler ask the process group (omit num_replicas= and rank=), or pass "
+      "rank=dist.get_rank().")
+def dt015(info: ScriptInfo) -> Iterator[Hit]:
+    for call in info.calls_to("DistributedSampler"):
+        rank = keyword(call, "rank", 2)
+        if rank is not None and info.rank_kind(rank, info.scope_of(call)) == "local":
+            yield (call, f"DistributedSampler(rank={src(rank)}) gets the LOCAL rank: on more "
+                         f"than one node, ranks with the same local rank read the same shard "
+                         f"and part of the data is never seen", None)
+
+
+@rule("DT016", "loader-without-sampler",
+      "DataLoader(shuffle=True) without a DistributedSampler under DDP",
+      "Give the training loader sampler=DistributedSampler(dataset) (shuffling moves to the "
+      "sampler) and call sampler.set_epoch(epoch) every epoch.")
+def dt016(info: ScriptInfo) -> Iterator[Hit]:
+    if not any(True for _ in info.calls_to("DistributedDataParallel", "init_process_group")):
+        return
+    for call in info.calls_to("DataLoader"):
+        shuffle = keyword(call, "shuffle", 2)
+        if not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
+            continue
+        if keyword(call, "sampler") is None and keyword(call, "batch_sampler") is None:
+            yield (call, "DataLoader(shuffle=True) without a DistributedSampler: every rank "
+                         "iterates the whole dataset, so N ranks do N times the work of one "
+                         "epoch", None)
+
+
+@rule("DT017", "ddp-state-dict",
+      "saving the DDP wrapper's state_dict (keys prefixed with 'module.')",
+      "Save the unwrapped model: torch.save(model.module.state_dict(), path).")
+def dt017(info: ScriptInfo) -> Iterator[Hit]:
+    wrapped: dict[str, list[tuple[ast.AST | None, int]]] = {}
+    for node in info.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                info.call_name(node.value).endswith("DistributedDataParallel"):
+            for t in node.targets:
+                name = info.qualname(t)
+                if name:
+                    wrapped.setdefault(name, []).append((info.function_of(node), node.lineno))
+    if not wrapped:
+        return
+    for call in info.calls_to("torch.save"):
+        obj = keyword(call, "obj", 0)
+        for node in ast.walk(obj) if obj is not None else ():
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "state_dict"):
+                continue
+            owner = info.qualname(node.func.value)
+            scope = info.function_of(call)
+            if owner in wrapped and any((fn is scope or fn is None) and line < call.lineno
+                                        for fn, line in wrapped[owner]):
+                yield (call, f"saves {owner}.state_dict() of the DDP wrapper: every key starts "
+                             f"with 'module.', so it does not load into the plain model", None)
+                break
+
+
+@rule("DT018", "spawn-master-env",
+      "mp.spawn workers call init_process_group without MASTER_ADDR/MASTER_PORT set",
+      "Before mp.spawn set os.environ.setdefault('MASTER_ADDR', '127.0.0.1') and a free "
+      "MASTER_PORT, or pass init_method='tcp://127.0.0.1:PORT', or launch with torchrun.")
+def dt018(info: ScriptInfo) -> Iterator[Hit]:
+    if not any(True for _ in info.calls_to("torch.multiprocessing.spawn")):
+        return
+    keys = {key for _, key, _ in _environ_sets(info)}
+    if {"MASTER_ADDR", "MASTER_PORT"} <= keys:
+        return
+    for call in info.calls_to("init_process_group"):
+        if keyword(call, "init_method", 1) is None and keyword(call, "store") is None:
+            missing = " and ".join(k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in keys)
+            yield (call, f"the mp.spawn workers rendezvous through env:// but the script never "
+                         f"sets {missing}: init fails with 'environment variable {missing.split()[0]} "
+                         f"expected, but not set' unless the shell exports it", None)
+            return

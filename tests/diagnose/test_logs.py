@@ -1,0 +1,186 @@
+"""`diagnose()` on real logs: the root cause, its rank and host, and what followed from it.
+
+The expectations live in logs/README.md next to each file's origin, so the table a person
+reads is the table the test checks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from disttrain.diagnose.log_rules import SIGNATURES, UNFILTERED, leading_literals
+from disttrain.diagnose.logs import CAUSES, Diagnosis, diagnose, format_diagnosis
+
+LOGS = Path(__file__).parent / "logs"
+
+
+def _table() -> list[tuple[str, str, int | None, str | None, list[str]]]:
+    rows = []
+    for line in (LOGS / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 6 or not cells[0].endswith(".log"):
+            continue
+        name, cause, rank, host, cons = cells[:5]
+        rows.append((name, cause, None if rank == "-" else int(rank),
+                     None if host == "-" else host,
+                     [] if cons == "-" else [c.strip() for c in cons.split(",")]))
+    return rows
+
+
+TABLE = _table()
+
+
+def test_every_fixture_is_in_the_table() -> None:
+    assert sorted(r[0] for r in TABLE) == sorted(p.name for p in LOGS.glob("*.log"))
+
+
+def test_every_cause_has_a_fixture() -> None:
+    assert {r[1] for r in TABLE} == set(CAUSES)
+
+
+@pytest.mark.parametrize(("name", "cause", "rank", "host", "consequences"), TABLE,
+                         ids=[r[0] for r in TABLE])
+def test_fixture(name: str, cause: str, rank: int | None, host: str | None,
+                 consequences: list[str]) -> None:
+    d = diagnose((LOGS / name).read_text())
+    assert (d.cause, d.rank, d.host) == (cause, rank, host), format_diagnosis(d)
+    assert d.consequences == consequences
+    assert d.title and d.fix
+    if cause != "none":
+        assert d.evidence, "a conclusion must show the lines it rests on"
+    assert "could not be analysed" not in d.title
+
+
+def test_root_cause_wins_whatever_the_order() -> None:
+    """The watchdog line printed first (interleaving) still loses to the OOM."""
+    text = (
+        "[rank0]:[E1218 20:27:21.4 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n"
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/workspace/train.py", line 10, in <module>\n'
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 1 has a total capacity of 11.72 GiB of which 1.06 GiB is free.\n")
+    d = diagnose(text)
+    assert (d.cause, d.rank) == ("cuda_oom", 1)
+    assert d.consequences == ["collective_timeout"]
+    assert "2.00 GiB" in d.title
+
+
+def test_user_error_beats_peer_errors_printed_before_it() -> None:
+    text = (
+        "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:30609\n"
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/workspace/train.py", line 7, in load\n'
+        "[rank1]:     x = table[key]\n"
+        "[rank1]: KeyError: 'img_0001'\n")
+    d = diagnose(text)
+    assert (d.cause, d.rank) == ("user_code_error", 1)
+    assert "KeyError" in d.title and "/workspace/train.py:7 in load" in d.fix
+    assert d.consequences == ["nccl_network_error"]
+
+
+def test_first_failure_rank_breaks_ties_between_user_errors() -> None:
+    """Two ranks raise; torchrun's Root Cause record says which failed first."""
+    tb = ('[rank{r}]: Traceback (most recent call last):\n[rank{r}]:   File "t.py", line 3, '
+          'in f\n[rank{r}]: ValueError: bad value on {r}\n')
+    summary = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-01-01_00:00:00\n"
+               "  host      : node-b\n  rank      : 1 (local_rank: 0)\n  exitcode  : 1 (pid: 9)\n"
+               "  error_file: <N/A>\n  traceback : To enable traceback see: x\n" + "=" * 20)
+    d = diagnose(tb.format(r=0) + tb.format(r=1) + summary)
+    assert (d.cause, d.rank, d.host) == ("user_code_error", 1, "node-b")
+
+
+def test_kubectl_timestamps_and_pod_prefixes() -> None:
+    text = ("[pod/job-1-abc/trainer] 2026-03-12T09:14:33.123456789Z [rank3]: "
+            "torch.OutOfMemoryError: CUDA out of memory.\n")
+    d = diagnose(text)
+    assert (d.cause, d.rank, d.host) == ("cuda_oom", 3, "job-1-abc")
+
+
+def test_disttrain_k8s_logs_prefix() -> None:
+    """`disttrain k8s logs` prefixes `[rank <node rank> <pod>]`: the pod is the host."""
+    text = "[rank 1 mnist-ddp-1] [rank3]: RuntimeError: No CUDA GPUs are available\n"
+    d = diagnose(text)
+    assert (d.cause, d.rank, d.host) == ("no_gpu_visible", 3, "mnist-ddp-1")
+
+
+def test_nccl_harmless_bind_warning_is_not_port_in_use() -> None:
+    text = ("node:12:40 [0] misc/socket.cc:484 NCCL WARN Call to bind failed: Address already "
+            "in use\nepoch 0 loss 2.30\nepoch 1 loss 1.10\n")
+    assert diagnose(text).cause == "none"
+
+
+def test_download_dns_error_is_not_a_rendezvous_failure() -> None:
+    text = ("Traceback (most recent call last):\n  File \"train.py\", line 30, in <module>\n"
+            "urllib.error.URLError: <urlopen error [Errno -3] Temporary failure in name "
+            "resolution>\n")
+    d = diagnose(text)
+    assert d.cause == "user_code_error" and "URLError" in d.title
+
+
+def test_seed_guide_messages() -> None:
+    """The one-line errors quoted in seed 000 §8 map to their causes."""
+    cases = {
+        "RuntimeError: NCCL error: unhandled system error": "nccl_network_error",
+        "RuntimeError: No CUDA GPUs are available": "no_gpu_visible",
+        "RuntimeError: Address already in use": "port_in_use",
+        "RuntimeError: Expected to have finished reduction from the prior iteration before "
+        "starting a new one": "unused_parameters",   # the guide's words; torch says "in the"
+        "RuntimeError: Expected to have finished reduction in the prior iteration before "
+        "starting a new one.": "unused_parameters",
+        "CUDA out of memory": "cuda_oom",
+    }
+    for text, cause in cases.items():
+        assert diagnose(text).cause == cause, text
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "hello world\n"])
+def test_unknown_without_training_output(text: str) -> None:
+    d = diagnose(text)
+    assert d.cause == "unknown" and d.rank is None
+
+
+def test_bytes_and_odd_input_never_raise() -> None:
+    assert diagnose(b"RuntimeError: No CUDA GPUs are available\xff").cause == "no_gpu_visible"
+    assert diagnose("\x00\r\r\n" * 50 + "x" * 100_000).cause == "unknown"
+
+
+def test_to_dict_shape_and_json() -> None:
+    d = diagnose((LOGS / "cuda_oom_then_watchdog.log").read_text())
+    data = json.loads(json.dumps(d.to_dict()))
+    assert list(data) == ["cause", "title", "rank", "host", "evidence", "fix", "consequences"]
+    assert isinstance(data["evidence"], list) and isinstance(data["consequences"], list)
+    assert d.failed and not diagnose("epoch 1 loss 0.3").failed
+
+
+def test_diagnosis_is_frozen() -> None:
+    d = Diagnosis("none", "t")
+    with pytest.raises(AttributeError):
+        d.cause = "x"  # type: ignore[misc]
+
+
+def test_format_names_cause_rank_evidence_fix() -> None:
+    text = format_diagnosis(diagnose((LOGS / "user_code_error_gloo.log").read_text()))
+    assert text.startswith("cause: user_code_error")
+    assert "where: rank 1, host localhost" in text
+    assert "  | [rank1]: ValueError" in text and "fix: " in text
+    assert "consequences, not the cause): nccl_network_error" in text
+
+
+def test_every_signature_has_a_literal_prefilter() -> None:
+    """The fast path looks only at lines holding a signature's literal start."""
+    assert UNFILTERED == ()
+    for sig in SIGNATURES:
+        assert leading_literals(sig.pattern.pattern), sig.pattern.pattern
+
+
+def test_big_log_stays_linear() -> None:
+    """A long clean log plus one failure: the failure is found (no quadratic scans)."""
+    noise = "[default0]:epoch 0 step 1 loss 0.0507\n" * 20_000
+    d = diagnose(noise + "[rank1]: RuntimeError: CUDA error: invalid device ordinal\n" + noise)
+    assert (d.cause, d.rank) == ("no_gpu_visible", 1)
