@@ -117,7 +117,7 @@ def _cluster_error(exc: Exception) -> None:
 
 
 def _diagnosis(text: str) -> str | None:
-    """The doctor's finding for a failed pod's log (None until disttrain.diagnose lands)."""
+    """The doctor's finding for a failed pod's log."""
     try:
         from disttrain.diagnose.logs import diagnose, format_diagnosis
     except ImportError:

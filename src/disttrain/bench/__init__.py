@@ -1,0 +1,10 @@
+"""Benchmarks: all-reduce bandwidth, scaling over processes, Trainer overhead.
+
+    disttrain bench allreduce --sizes 4K:256M --json
+    disttrain bench scaling --max-procs 2
+    disttrain bench overhead --rounds 5
+
+Every bench writes its figures to a run directory (default
+`runs/bench-<kind>-<UTC timestamp>/`: results.json, results.jsonl and a PNG) so that runs
+can be compared over time; see docs/verify-and-bench.md.
+"""

@@ -1,0 +1,218 @@
+"""`disttrain bench`: how fast is communication, scaling, and the Trainer itself?
+
+    disttrain bench allreduce --sizes 4K:256M --json --plot allreduce.png
+    disttrain bench scaling --max-procs 2
+    disttrain bench overhead --rounds 5
+
+Every bench writes results.json, results.jsonl and a PNG to a run directory (default
+runs/bench-<kind>-<UTC timestamp>/, or --run-dir) so that runs can be compared over time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from disttrain.cli.options import collect_overrides, fail, load_spec, spec_options
+
+_CTX = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(context_settings=_CTX)
+def bench() -> None:
+    """Benchmarks: allreduce bandwidth, scaling over processes, Trainer overhead."""
+
+
+def _run_dir_option(fn: Any) -> Any:
+    return click.option("--run-dir", default=None, type=click.Path(file_okay=False),
+                        help="where results go (default runs/bench-<kind>-<timestamp>)")(fn)
+
+
+def _echo_rows(rows: list[dict[str, Any]]) -> None:
+    click.echo("\n".join(json.dumps(r) for r in rows))
+
+
+@bench.command(context_settings=_CTX)
+@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False),
+              help="job spec YAML: its launch section says how to start the ranks")
+@click.option("--sizes", default="4K:256M", show_default=True,
+              help="MIN:MAX (powers of two between) or a list 1M,16M,64M; K/M/G are binary")
+@click.option("--iters", type=click.IntRange(1), default=20, show_default=True,
+              help="timed all-reduces per size")
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True,
+              help="untimed all-reduces per size first")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16", "float64"]),
+              default="float32", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per size")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
+              help="also write the PNG plot here")
+@_run_dir_option
+@spec_options(["launch"])
+def allreduce(spec_file: str | None, sizes: str, iters: int, warmup: int, dtype: str,
+              as_json: bool, plot_file: str | None, run_dir: str | None, **kwargs: Any) -> None:
+    """All-reduce bus bandwidth per message size (nccl-tests' algbw / busbw), in place,
+    time = slowest rank's mean over --iters after --warmup."""
+    from disttrain.bench.common import parse_sizes
+
+    try:
+        size_list = parse_sizes(sizes)
+    except ValueError as exc:
+        fail(f"--sizes: {exc}")
+    overrides = collect_overrides(kwargs)
+    spec = load_spec(spec_file, overrides)
+    if "master_port" in overrides:
+        spec.launch.port_explicit = True
+    from disttrain.bench.allreduce import plot_allreduce, run_allreduce
+    from disttrain.bench.common import BenchError, new_run_dir, write_results
+    from disttrain.launch import LaunchError
+
+    try:
+        rows = run_allreduce(spec, size_list, iters=iters, warmup=warmup, dtype=dtype)
+    except (BenchError, LaunchError) as exc:
+        click.echo(f"error: bench allreduce failed: {exc}", err=True)
+        raise click.exceptions.Exit(1) from None
+    if not rows:
+        click.echo("note: global rank 0 runs on another node; its output has the figures")
+        return
+    out = new_run_dir("allreduce", run_dir)
+    settings = {"sizes": sizes, "iters": iters, "warmup": warmup, "dtype": dtype,
+                "launch": spec.launch.model_dump(mode="json")}
+    write_results(out, "allreduce", settings, rows)
+    pngs = [plot_allreduce(rows, out / "allreduce.png")]
+    if plot_file:
+        pngs.append(plot_allreduce(rows, Path(plot_file)))
+    if as_json:
+        _echo_rows(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from disttrain.bench.common import format_size
+
+    table = Table(title=f"all_reduce: {rows[0]['backend']}, {rows[0]['world_size']} ranks, "
+                  f"{dtype}, in place, {iters} iters after {warmup} warm-up")
+    for col in ("size", "bytes", "time µs", "algbw GB/s", "busbw GB/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(format_size(r["size_bytes"]), f"{r['size_bytes']:,}", f"{r['time_s'] * 1e6:,.1f}",
+                      f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}")
+    Console(highlight=False).print(table)
+    click.echo(f"results: {out}/results.json, plot: {', '.join(str(p) for p in pngs)}")
+
+
+def _train_options(rounds: int) -> Any:
+    """The options scaling and overhead share (the workload and the repetitions)."""
+    return lambda fn: _add_train_options(fn, rounds)
+
+
+def _add_train_options(fn: Any, rounds: int) -> Any:
+    options = [
+        click.option("--steps", type=click.IntRange(1), default=300, show_default=True,
+                     help="timed optimizer steps per run"),
+        click.option("--warmup", type=click.IntRange(0), default=20, show_default=True,
+                     help="optimizer steps before the timed window"),
+        click.option("--rounds", type=click.IntRange(1), default=rounds, show_default=True,
+                     help="interleaved repetitions (medians and min..max are reported)"),
+        click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True,
+                     help="per process"),
+        click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+                     help="torch threads per process"),
+        click.option("--num-samples", type=click.IntRange(64), default=None,
+                     help="data set size (default: the workload's; 60,000 for synthetic)"),
+        click.option("--json", "as_json", is_flag=True, help="JSON objects instead of a table"),
+        _run_dir_option,
+    ]
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+def _train_bench(kw: dict[str, Any], workload: str = "synthetic") -> Any:
+    from disttrain.bench.training import TrainBench
+
+    return TrainBench(workload=workload, steps=kw["steps"], warmup=kw["warmup"],
+                      batch_size=kw["batch_size"], threads=kw["threads"],
+                      num_samples=kw["num_samples"])
+
+
+def _log(as_json: bool) -> Any:
+    return (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
+
+
+@bench.command(context_settings=_CTX)
+@click.option("--workload", type=click.Choice(["synthetic", "digits", "seed002"]),
+              default="synthetic", show_default=True, help="built-in job to train")
+@click.option("--max-procs", type=click.IntRange(1), default=None,
+              help="largest process count (default: CPU cores)")
+@_train_options(rounds=3)
+def scaling(workload: str, max_procs: int | None, **kw: Any) -> None:
+    """Trainer samples/s at 1..N processes and efficiency = thr(N) / (N x thr(1))."""
+    from disttrain.bench.common import BenchError, new_run_dir, write_results
+    from disttrain.bench.training import plot_scaling, run_scaling, settings
+
+    b = _train_bench(kw, workload)
+    n_max = max_procs or len(os.sched_getaffinity(0))
+    out = new_run_dir("scaling", kw["run_dir"])
+    try:
+        rows, summary = run_scaling(b, n_max, kw["rounds"], out, log=_log(kw["as_json"]))
+    except BenchError as exc:
+        click.echo(f"error: bench scaling failed: {exc}", err=True)
+        raise click.exceptions.Exit(1) from None
+    write_results(out, "scaling", settings(b, max_procs=n_max, rounds=kw["rounds"]), rows, summary)
+    png = plot_scaling(summary, out / "scaling.png")
+    if kw["as_json"]:
+        _echo_rows(summary)
+        return
+    click.echo(f"{'procs':>5}  {'samples/s':>10}  {'min..max':>17}  {'efficiency':>10}")
+    for s in summary:
+        click.echo(f"{s['nproc']:>5}  {s['samples_per_s']:>10,.0f}  "
+                   f"{s['samples_per_s_min']:>8,.0f}..{s['samples_per_s_max']:<8,.0f}  "
+                   f"{s['efficiency']:>10.2f}")
+    click.echo(f"results: {out}/results.json, plot: {png}")
+
+
+@bench.command(context_settings=_CTX)
+@click.option("--nproc-per-node", "nproc", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--plain-script", type=click.Path(dir_okay=False), default=None,
+              help="the plain DDP loop (default: benchmarks/plain_ddp.py of the checkout)")
+@click.option("--plain-loader", type=click.Choice(["dataloader", "index"]), default="dataloader",
+              show_default=True, help="the plain loop's data path (the guide's DataLoader, "
+              "or batches by index as the Trainer takes them)")
+@_train_options(rounds=5)
+def overhead(nproc: int, plain_script: str | None, plain_loader: str, **kw: Any) -> None:
+    """The Trainer (`disttrain run`) vs a plain hand-written DDP loop (torchrun
+    benchmarks/plain_ddp.py) on the same workload, interleaved: samples/s ratio."""
+    from disttrain.bench.common import BenchError, new_run_dir, write_results
+    from disttrain.bench.training import find_plain_script, plot_overhead, run_overhead, settings
+
+    b = _train_bench(kw)
+    try:
+        script = find_plain_script(plain_script)
+    except BenchError as exc:
+        fail(str(exc))
+    out = new_run_dir("overhead", kw["run_dir"])
+    try:
+        rows, summary = run_overhead(b, script, kw["rounds"], out, nproc=nproc,
+                                     loader=plain_loader, log=_log(kw["as_json"]))
+    except BenchError as exc:
+        click.echo(f"error: bench overhead failed: {exc}", err=True)
+        raise click.exceptions.Exit(1) from None
+    write_results(out, "overhead", settings(b, nproc=nproc, rounds=kw["rounds"],
+                                            plain_script=str(script), plain_loader=plain_loader),
+                  rows, summary)
+    png = plot_overhead(rows, out / "overhead.png")
+    if kw["as_json"]:
+        _echo_rows([*rows, {"summary": summary}])
+        return
+    s = summary
+    click.echo(f"Trainer / plain DDP samples/s: median {s['ratio_median']:.3f} "
+               f"(min {s['ratio_min']:.3f} .. max {s['ratio_max']:.3f}) over {s['rounds']} rounds, "
+               f"{nproc} processes")
+    click.echo(f"medians: Trainer {s['trainer_samples_per_s']:,.0f}, plain "
+               f"{s['plain_samples_per_s']:,.0f} samples/s; first step after "
+               f"{s['trainer_first_step_s']} s vs {s['plain_first_step_s']} s")
+    click.echo(f"results: {out}/results.json, plot: {png}")

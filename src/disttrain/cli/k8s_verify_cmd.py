@@ -1,0 +1,48 @@
+"""`disttrain k8s verify`: `disttrain verify`'s checks as a job on the cluster, with a verdict.
+
+    disttrain k8s verify -f job.yaml          # where the job would run: image, GPUs, HAMi, NCCL
+    disttrain k8s verify -f job.yaml --json --keep
+
+The check job is `disttrain.verify.verify_job_spec(spec)`: the job's cluster settings,
+`verify_checks.py` (torch only) shipped in the ConfigMap, named `<name>-verify`.
+Exit codes: 0 all checks passed, 1 a check failed or the cluster refused, 2 bad input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from disttrain.cli.k8s_cmd import CTX, _cluster_args, _cluster_error, _connect, _load, _render, _spec_args
+
+
+@click.command(context_settings=CTX)
+@_spec_args
+@_cluster_args
+@click.option("--json", "as_json", is_flag=True,
+              help="one JSON object per check and rank, then the verdict (pod logs on stderr)")
+@click.option("--keep", is_flag=True, help="leave the finished check job on the cluster")
+@click.option("--steps", type=click.IntRange(10, 100_000), default=None,
+              help="DDP steps of the gradient-sync / convergence run (default 100)")
+def verify(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
+           kubeconfig: str | None, context: str | None, as_json: bool, keep: bool,
+           steps: int | None, **kwargs: Any) -> None:
+    """Run the verify checks as a job where the spec's job would run; print the verdict."""
+    from disttrain.cli.verify_cmd import print_report
+    from disttrain.k8s.client import KubeError
+    from disttrain.verify import DEFAULT_STEPS, json_lines, verify_job_spec, verify_on_cluster
+
+    spec = _load(script, script_args, spec_file, kwargs)
+    _render(verify_job_spec(spec))  # bad input: exit 2 before the cluster is contacted
+    cluster = _connect(kubeconfig, context)
+    try:
+        results, code = verify_on_cluster(spec, cluster, out=lambda line: click.echo(line, err=as_json),
+                                          keep=keep, steps=steps or DEFAULT_STEPS)
+    except KubeError as exc:
+        _cluster_error(exc)
+    if as_json:
+        click.echo("\n".join(json_lines(results)))
+    else:
+        print_report(results)
+    raise click.exceptions.Exit(code)
