@@ -24,7 +24,8 @@ _LAZY = {
     "unwrap": "disttrain.strategies",
     "run_ranks": "disttrain.testing",
 }
-_SUBMODULES = {"runtime", "strategies", "data", "models", "checkpoint", "launch", "report", "tuning"}
+_SUBMODULES = {"runtime", "strategies", "data", "models", "checkpoint", "launch", "report", "tuning",
+               "fsdp", "comm_hooks"}
 
 __all__ = sorted([*_LAZY, *_SUBMODULES])
 

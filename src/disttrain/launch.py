@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,17 @@ class LaunchError(RuntimeError):
     """The job cannot be started as asked (e.g. an explicitly requested port is taken)."""
 
 
+class PortTaken(LaunchError):
+    """The rendezvous port was taken between choosing it and binding it."""
+
+
 @dataclass
 class LaunchResult:
     exit_code: int
     failures: dict[int, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     log_text: str = ""
+    stalls: list[str] = field(default_factory=list)  # the watchdog's reports (issue 7)
 
 
 # -- ports (seed 000 §8.3) ---------------------------------------------------------------
@@ -127,6 +133,7 @@ def launch(spec: JobSpec, spec_path: Path | None = None) -> LaunchResult:
     """Run `spec` on this machine with its launcher; never raises for worker failures."""
     nproc = resolve_nproc(spec)
     note = None
+    fixed_port = spec.launch.port_explicit and spec.launch.master_port != 0
     if spec.launch.launcher != "env":  # env: every invocation must use the same given port
         port, note = choose_port(spec)
         spec = spec.model_copy(
@@ -134,14 +141,64 @@ def launch(spec: JobSpec, spec_path: Path | None = None) -> LaunchResult:
     for k, v in worker_env(spec, nproc).items():
         os.environ.setdefault(k, v)
     notes = [note] if note else []
-    if spec.launch.launcher == "spawn":
-        result = _launch_spawn(spec, nproc)
-    elif spec.launch.launcher == "env":
-        result = _launch_env(spec)
-    else:
-        result = _launch_torchrun(spec, nproc, spec_path)
+    for attempt in range(3):
+        try:
+            with _watchdog(spec, nproc) as wd:
+                if spec.launch.launcher == "spawn":
+                    result = _launch_spawn(spec, nproc)
+                elif spec.launch.launcher == "env":
+                    result = _launch_env(spec)
+                else:
+                    result = _launch_torchrun(spec, nproc, spec_path)
+            break
+        except PortTaken as exc:
+            # Free when checked, taken when bound (another job started in between): a
+            # port nobody asked for is picked again; an explicit one is an error.
+            if fixed_port or attempt == 2:
+                raise LaunchError(str(exc)) from None
+            old, port = spec.launch.master_port, free_port()
+            notes.append(f"port {old} was taken just before the start; using free port {port}")
+            spec = spec.model_copy(
+                update={"launch": spec.launch.model_copy(update={"master_port": port})})
     result.notes[:0] = notes
+    if wd is not None and wd.stalls:
+        result.stalls = [s.message for s in wd.stalls]
+        result.log_text = "\n".join(f"error: {m}" for m in result.stalls) + "\n" + result.log_text
+        if result.exit_code != 0:  # the stalled ranks failed too: the watchdog killed them
+            for stall in wd.stalls:
+                for rank, pid in ((stall.rank, stall.pid), *stall.tied):
+                    result.failures.setdefault(rank, {
+                        "exitcode": -9, "message": stall.message, "host": stall.host,
+                        "pid": pid, "stalled": True})
     return result
+
+
+@contextlib.contextmanager
+def _watchdog(spec: JobSpec, nproc: int) -> Iterator[Any]:
+    """Watch the ranks' heartbeats in the job's store while the launcher runs (issue 7).
+
+    A rank without progress for launch.timeout_s is reported on stderr at once and
+    SIGKILLed; torchrun then fails the job or, with --max-restarts, restarts it. The
+    `env` launcher runs one rank in this very process: nothing to watch from outside.
+    """
+    launch = spec.launch
+    if launch.launcher == "env":
+        yield None
+        return
+    from disttrain.watchdog import Stall, Watchdog
+
+    host, port = launch.master_addr, launch.master_port
+    if launch.nnodes > 1 and launch.launcher == "torchrun" and launch.rdzv_endpoint:
+        host, _, port_text = launch.rdzv_endpoint.rpartition(":")
+        port = int(port_text) if port_text.isdigit() else port
+
+    def report(stall: Stall) -> None:
+        action = "; stopping it" if stall.local else ""
+        print(f"error: {stall.message}{action}", file=sys.stderr, flush=True)
+
+    with Watchdog(host, port, world_size=launch.nnodes * nproc, timeout_s=launch.timeout_s,
+                  on_stall=report) as wd:
+        yield wd
 
 
 def _launch_config(spec: JobSpec, nproc: int, logs_dir: Path | None, start_method: str) -> Any:
@@ -187,8 +244,22 @@ def _launch_torchrun(spec: JobSpec, nproc: int, spec_path: Path | None) -> Launc
         from disttrain.worker import elastic_entry
 
         entry, args = elastic_entry, (spec.model_dump(),)
+    from torch.distributed import DistError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
     try:
         elastic_launch(config, entry)(*args)
+    except (DistError, RendezvousError) as exc:  # the workers never started
+        endpoint = config.rdzv_endpoint
+        text = str(exc).lower()
+        if spec.launch.nnodes == 1 and ("address already in use" in text or "eaddrinuse" in text):
+            raise PortTaken(f"master port {spec.launch.master_port} is already in use (Address "
+                            f"already in use); pass another --master-port (0 picks a free "
+                            f"one)") from None
+        raise LaunchError(
+            f"cannot rendezvous at {endpoint} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]}); check --master-addr/--master-port (or "
+            f"--rdzv-endpoint), that node 0 is up, and --timeout-s") from None
     except ChildFailedError as exc:
         failures = {rank: {"exitcode": f.exitcode, "message": f.message,
                            "host": socket.gethostname(), "local_rank": f.local_rank,
@@ -227,30 +298,53 @@ def _spawn_entry(local_rank: int, spec_data: dict[str, Any], nproc: int) -> None
 
 
 def _launch_spawn(spec: JobSpec, nproc: int) -> LaunchResult:
+    """`--launcher spawn` (seed 002's mp.spawn): torch.multiprocessing's start_processes,
+    which mp.spawn is, with the workers forked from the warm fork server where there is
+    one (the start method is the only difference: no torch import per worker)."""
     if spec.script:
         raise LaunchError("--launcher spawn runs the built-in job; run a script with torchrun "
                           "(the default) or call mp.spawn inside it")
     import torch.multiprocessing as mp
 
+    method = "forkserver" if prewarm_workers() else "spawn"
+    first = spec.launch.node_rank * nproc
     try:
-        mp.spawn(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc, join=True)
+        mp.start_processes(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc,
+                           join=True, start_method=method)
     except mp.ProcessRaisedException as exc:
-        return LaunchResult(1, {-1: {"message": str(exc)}}, log_text=str(exc))
+        return LaunchResult(1, {first + exc.error_index: {"message": str(exc)}},
+                            log_text=str(exc))
     except mp.ProcessExitedException as exc:
-        return LaunchResult(1, {exc.error_index: {"exitcode": exc.exit_code,
-                                                  "message": str(exc)}}, log_text=str(exc))
+        return LaunchResult(1, {first + exc.error_index: {"exitcode": exc.exit_code,
+                                                          "message": str(exc)}}, log_text=str(exc))
     return LaunchResult(0)
 
 
 def _launch_env(spec: JobSpec) -> LaunchResult:
-    """One rank in this process from MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK (§5.2 way 3)."""
-    if spec.script:
-        import runpy
+    """One rank in this process from MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK (§5.2 way 3).
 
-        sys.argv = [spec.script, *spec.args]
-        runpy.run_path(spec.script, run_name="__main__")
-        return LaunchResult(0)
-    from disttrain.worker import run_worker
+    Every process of the job is started by hand (or by a scheduler) with the same
+    MASTER_ADDR/MASTER_PORT/WORLD_SIZE and its own RANK; the port is used as given.
+    A failure is printed with its traceback and reported as this rank's.
+    """
+    import traceback
 
-    run_worker(spec.model_dump())
+    rank = int(os.environ.get("RANK", "0") or 0)
+    try:
+        if spec.script:
+            import runpy
+
+            sys.argv = [spec.script, *spec.args]
+            runpy.run_path(spec.script, run_name="__main__")
+        else:
+            from disttrain.worker import run_worker
+
+            run_worker(spec.model_dump())
+    except SystemExit as exc:  # the script's own sys.exit(n)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return LaunchResult(code, {rank: {"exitcode": code}} if code else {})
+    except Exception as exc:
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        return LaunchResult(1, {rank: {"message": f"{type(exc).__name__}: {exc}"}}, log_text=text)
     return LaunchResult(0)

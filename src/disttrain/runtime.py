@@ -13,6 +13,7 @@ set but malformed is an error naming it, never a silent default.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ctypes.util
 import datetime
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from disttrain.watchdog import collective_timeout_s
 
 log = logging.getLogger("disttrain")
 
@@ -210,14 +213,37 @@ class Runtime:
         self.shutdown()
 
 
+def _agent_store_restart() -> int | None:
+    """torchrun's restart round when the workers share its agent's store, else None."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+def _round_store(denv: DistEnv, restart: int, timeout: datetime.timedelta) -> Any:
+    """The agent's store under a prefix of this restart round (issue 7).
+
+    torchrun's agent keeps one TCPStore across restarts (static rendezvous caches it)
+    and init_process_group's keys (gloo addresses, the NCCL unique id) are the same in
+    every round, so a restarted rank can read the dead round's value and fail with
+    "Connection refused" (pytorch#135712, #167288). A prefix per round keeps them apart.
+    """
+    store = dist.TCPStore(denv.master_addr, denv.master_port, denv.world_size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"disttrain/round_{restart}", store)
+
+
 def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = None,
           env: Mapping[str, str] | None = None, threads: int | None = None) -> Runtime:
     """Create the process group from the launcher's env and bind this rank's device.
 
     Args:
         backend: "auto", "nccl" or "gloo".
-        timeout_s: collective timeout; a rank stuck longer fails instead of hanging
-            (torch's default is 30 minutes, far too long to notice a dead peer).
+        timeout_s: stall timeout; collectives time out after it plus a small grace
+            (`watchdog.collective_timeout_s`), so a rank stuck longer fails instead of
+            hanging (torch's default is 30 minutes, far too long to notice a dead peer),
+            and disttrain's launcher watchdog names the stuck rank first.
         seed: when given, seed all RNGs with it (the same on every rank, so models
             start identical; use `rank_seed` for per-rank data randomness).
         env: the environment to read (default os.environ).
@@ -249,7 +275,7 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
         seed_everything(seed)
     owns = False
     if dist.is_available() and not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
+        timeout = datetime.timedelta(seconds=collective_timeout_s(timeout_s))
         if denv.launched:
             kwargs: dict[str, Any] = {}
             if name == "nccl":
@@ -258,8 +284,13 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
             # an explicit env mapping (tests, the spawn launcher) gets a tcp:// store.
             method = ("env://" if env is None
                       else f"tcp://{denv.master_addr}:{denv.master_port}")
+            restart = _agent_store_restart() if env is None else None
+            if restart is not None:
+                kwargs["store"] = _round_store(denv, restart, timeout)
+            else:
+                kwargs["init_method"] = method
             dist.init_process_group(name, rank=denv.rank, world_size=denv.world_size,
-                                    init_method=method, timeout=timeout, **kwargs)
+                                    timeout=timeout, **kwargs)
         else:
             # One process: a private in-memory store, no port needed.
             dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1,
@@ -267,3 +298,76 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
         owns = True
     log.debug("rank %d/%d backend=%s device=%s", denv.rank, denv.world_size, name, device)
     return Runtime(denv, name, device, timeout_s, owns)
+
+
+# -- `python train.py --world-size N --rank R` (seed 002's verification command) ----------
+def add_dist_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Let a user script take its place in the job from flags instead of torchrun's env.
+
+    Adds --world-size, --rank, --master-addr, --master-port, --backend, and (hidden)
+    --local-rank/--local_rank, which the deprecated `python -m torch.distributed.launch`
+    passes; under torchrun none of them is needed. Use with `setup_from_args`.
+
+    Example:
+        >>> parser = add_dist_args(argparse.ArgumentParser())
+        >>> args = parser.parse_args()              # python train.py --world-size 4 --rank 0
+        >>> with setup_from_args(args) as rt:
+        ...     rt.print0(rt.rank, rt.world_size)
+    """
+    g = parser.add_argument_group("distributed (disttrain.runtime)")
+    g.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="processes in the job (default: WORLD_SIZE from the launcher, else 1)")
+    g.add_argument("--rank", type=int, default=None, metavar="R",
+                   help="this process's rank, 0..N-1 (default: RANK from the launcher)")
+    g.add_argument("--master-addr", default=None, help="rank 0's host (default MASTER_ADDR or 127.0.0.1)")
+    g.add_argument("--master-port", type=int, default=None,
+                   help="rank 0's rendezvous port (default MASTER_PORT or 29500)")
+    g.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"),
+                   help="auto = nccl when every local rank has a GPU, else gloo")
+    g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None,
+                   help=argparse.SUPPRESS)
+    return parser
+
+
+def env_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None
+                  ) -> dict[str, str] | None:
+    """The launcher env contract (RANK, WORLD_SIZE, ...) with the flags applied on top.
+
+    Returns None when no flag was given, so `setup` reads the real environment (torchrun).
+    One host is assumed for LOCAL_RANK / LOCAL_WORLD_SIZE unless the env says otherwise.
+
+    Raises:
+        DistEnvError: only one of --world-size / --rank, or a rank outside the world.
+    """
+    base = dict(os.environ if env is None else env)
+    world, rank, local = args.world_size, args.rank, args.local_rank
+    if world is None and rank is None:
+        if local is None:
+            return None
+        base["LOCAL_RANK"] = str(local)  # torch.distributed.launch: the rest is in the env
+        return base
+    world = world if world is not None else _int_var(base, "WORLD_SIZE", None, 1)
+    if rank is None:
+        if "RANK" not in base:
+            raise DistEnvError(
+                f"--world-size {world} needs --rank R (0..{world - 1}) for this process; to "
+                f"start all {world} ranks here use `torchrun --nproc_per_node {world} "
+                f"train.py` or `disttrain run train.py --nproc-per-node {world}`")
+        rank = _int_var(base, "RANK", None, 0)
+    if world < 1 or not 0 <= rank < world:
+        raise DistEnvError(f"--rank {rank} must be in 0..{world - 1} (--world-size {world})")
+    base.update({
+        "WORLD_SIZE": str(world), "RANK": str(rank),
+        "LOCAL_RANK": str(local if local is not None else base.get("LOCAL_RANK", rank)),
+        "LOCAL_WORLD_SIZE": base.get("LOCAL_WORLD_SIZE", str(world)),
+        "MASTER_ADDR": args.master_addr or base.get("MASTER_ADDR") or "127.0.0.1",
+        "MASTER_PORT": str(args.master_port or base.get("MASTER_PORT") or 29500),
+    })
+    return base
+
+
+def setup_from_args(args: argparse.Namespace, timeout_s: float = 300.0, seed: int | None = None,
+                    threads: int | None = None) -> Runtime:
+    """`setup()` for a script parsed with `add_dist_args` (flags override the env)."""
+    return setup(args.backend, timeout_s=timeout_s, seed=seed, env=env_from_args(args),
+                 threads=threads)

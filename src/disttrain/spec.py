@@ -25,6 +25,7 @@ from disttrain.cluster_spec import ClusterSpec
 
 EXAMPLES = ("digits", "mnist", "synthetic", "seed002")
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_PROCS = 1024  # processes or threads per node: more is a typo, not a machine
 
 
 class SpecError(ValueError):
@@ -32,9 +33,19 @@ class SpecError(ValueError):
 
 
 class StrictModel(BaseModel):
-    """Unknown fields are errors: a typo must never be silently ignored."""
+    """Unknown fields are errors: a typo must never be silently ignored. Numbers must be
+    finite and text free of NUL characters: both pass a type check and crash far later
+    (int(inf) in the launcher, an embedded null byte in a path or argv; issue 7 fuzzing)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        items = v if isinstance(v, list) else [v]
+        if any(isinstance(x, str) and "\x00" in x for x in items):
+            raise ValueError("must not contain a NUL character")
+        return v
 
 
 class LaunchSpec(StrictModel):
@@ -59,7 +70,8 @@ class LaunchSpec(StrictModel):
         "auto", description="auto = nccl when every local rank has its own GPU, else gloo"
     )
     timeout_s: float = Field(
-        300.0, gt=0, description="collective / stall timeout: a stuck rank ends the job after this"
+        300.0, gt=0, le=7 * 24 * 3600,
+        description="stall / collective timeout: a stuck rank ends the job after this (s)"
     )
     port_explicit: bool = Field(
         False, description="(set by the CLI) master_port was asked for explicitly: never move it"
@@ -68,8 +80,8 @@ class LaunchSpec(StrictModel):
     @field_validator("nproc_per_node")
     @classmethod
     def _positive(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be >= 1 or 'auto'")
+        if isinstance(v, int) and not 1 <= v <= MAX_PROCS:
+            raise ValueError(f"must be 1 to {MAX_PROCS} or 'auto'")
         return v
 
 
@@ -92,7 +104,7 @@ class TrainSpec(StrictModel):
     )
     grad_ckpt: bool = Field(False, description="activation checkpointing of model blocks")
     fsdp_sharding: Literal["full", "hybrid", "none"] = Field("full", description="FSDP sharding")
-    seed: int = Field(0, ge=0, description="random seed (model init, data order)")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="random seed (model init, data order)")
     run_dir: str | None = Field(None, description="output folder (default runs/<name>)")
     checkpoint_every_epochs: int = Field(1, ge=0, description="checkpoint interval, 0 = off")
     checkpoint_every_steps: int = Field(0, ge=0, description="checkpoint every N optimizer steps")
@@ -105,7 +117,8 @@ class TrainSpec(StrictModel):
     hidden_size: int = Field(512, ge=1, description="SimpleNet hidden width")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
     threads: int | None = Field(
-        None, ge=1, description="torch threads per process (default: cores / local processes)"
+        None, ge=1, le=MAX_PROCS,
+        description="torch threads per process (default: cores / local processes)"
     )
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
 
@@ -175,7 +188,7 @@ class JobSpec(StrictModel):
             text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise SpecError(f"{p}: no such file; pass an existing job spec with -f") from None
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: NUL in path
             raise SpecError(f"{p}: cannot read the spec ({exc})") from None
         try:
             data = yaml.safe_load(text)
@@ -183,6 +196,9 @@ class JobSpec(StrictModel):
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
             raise SpecError(f"{p}:{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        except (ValueError, RecursionError) as exc:  # e.g. a date like 2024-02-30
+            raise SpecError(f"{p}: not a usable YAML value ({type(exc).__name__}: "
+                            f"{str(exc)[:200]})") from None
         return cls.from_dict(data, overrides, source=str(p))
 
     def to_yaml(self) -> str:

@@ -1,15 +1,18 @@
-"""How a model is spread over processes: none | ddp (| dp | fsdp, see `register`).
+"""How a model is spread over processes: none | dp | ddp | fsdp.
 
-    model = wrap(model, "ddp", rt)        # rt = disttrain.runtime.setup()
-    bare = unwrap(model)                  # the user's module, for saving
+    name, note = resolve_strategy("ddp", rt)   # world size 1 -> "none": no DDP wrapper
+    model = wrap(model, name, rt)               # rt = disttrain.runtime.setup()
+    bare = unwrap(model)                        # the user's module, for saving
 
 A plain dict registry of small functions (Lightning Fabric's strategy axis without the
 connector): each takes the bare model on its device and returns the wrapped one.
+Comm hooks live in `disttrain.comm_hooks`, FSDP and its checkpoints in `disttrain.fsdp`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +23,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from disttrain.runtime import Runtime
 
+# Printed whenever --strategy dp is asked for (seed 000 §4.2 and its appendix A checklist).
+DP_ADVICE = (
+    "note: DDP (--strategy ddp, the default) is the recommended choice over DataParallel: "
+    "DP runs every GPU from threads of one Python process, so the GIL serialises them, and "
+    "it scatters inputs, gathers outputs and reduces gradients on GPU 0, which carries more "
+    "memory and work than the others and re-broadcasts the model every step; DDP runs one "
+    "process per GPU and overlaps an all-reduce of gradients with the backward pass.")
+
+
+class StrategyError(ValueError):
+    """A strategy that cannot run as asked; the message names the fix."""
+
 
 @dataclass
 class WrapOptions:
@@ -28,11 +43,15 @@ class WrapOptions:
     # Gradients live inside DDP's buckets: no copy after all-reduce and no re-allocation
     # of gradient memory every step (the allocator churn perf-baseline.md measured).
     gradient_as_bucket_view: bool = True
-    # One bucket for small models: a single all-reduce per step (gloo's per-call cost is
-    # ~1-1.5 ms on this machine whatever the size up to ~2 MB).
+    # None = torch's 25 MB: one bucket, so one all-reduce per step, for models this size
+    # (gloo's per-call cost is ~1-1.5 ms on the CPU test machine, docs/performance.md).
     bucket_cap_mb: float | None = None
     static_graph: bool = False
     find_unused_parameters: bool = False
+    fsdp_sharding: str = "full"
+    fsdp_min_params: int = 100_000
+    # FSDP's counterpart of the fp16/bf16 DDP comm hooks: the dtype gradients are reduced in.
+    fsdp_reduce_dtype: torch.dtype | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -48,9 +67,51 @@ def register(name: str) -> Callable[[Wrapper], Wrapper]:
     return deco
 
 
+def dp_gpu_count(rt: Runtime) -> int:
+    """GPUs DataParallel would use in this process (0 on CPU)."""
+    return torch.cuda.device_count() if rt.device.type == "cuda" else 0
+
+
+def resolve_strategy(requested: str, rt: Runtime) -> tuple[str, str | None]:
+    """The strategy that will really run, and a note when it differs from `requested`.
+
+    - ddp / fsdp with world size 1: `none`. A one-rank DDP still pays for its reducer
+      and an all-reduce every step (~0.3 ms/step measured) for nothing.
+    - dp with fewer than 2 GPUs: `none` (DataParallel over one device is the model).
+
+    Raises:
+        StrategyError: dp in a multi-process job (DP is single-process by design).
+    """
+    if requested not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {requested!r}; choose one of {', '.join(STRATEGIES)}")
+    if requested == "dp":
+        if rt.world_size > 1:
+            raise StrategyError(
+                f"train.strategy: dp (DataParallel) runs in one process over all its GPUs, but "
+                f"this job has {rt.world_size} processes; use --nproc-per-node 1 with dp, or "
+                f"--strategy ddp")
+        n = dp_gpu_count(rt)
+        if n < 2:
+            return "none", (f"strategy dp: {n} GPU(s) visible, DataParallel needs at least 2; "
+                            f"running as strategy none")
+        return "dp", None
+    if requested in ("ddp", "fsdp") and rt.world_size == 1:
+        return "none", (f"strategy {requested}: world size 1, so no wrapper and no all-reduce "
+                        f"(running as strategy none)")
+    return requested, None
+
+
 @register("none")
 def _wrap_none(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
     return model
+
+
+@register("dp")
+def _wrap_dp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
+    n = dp_gpu_count(rt)
+    if n < 2:
+        return model
+    return nn.DataParallel(model, device_ids=list(range(n)), output_device=rt.device.index or 0)
 
 
 @register("ddp")
@@ -72,17 +133,28 @@ def _wrap_ddp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
     return DDP(model, **kwargs)
 
 
+@register("fsdp")
+def _wrap_fsdp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
+    from disttrain.fsdp import wrap_fsdp
+
+    return wrap_fsdp(model, rt, opts.fsdp_sharding, opts.fsdp_min_params, opts.fsdp_reduce_dtype)
+
+
 def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None = None) -> nn.Module:
     """Move `model` to this rank's device and wrap it for `strategy`.
 
     Args:
         model: the bare module.
-        strategy: a key of STRATEGIES ("none", "ddp", ...).
+        strategy: a key of STRATEGIES ("none", "dp", "ddp", "fsdp"); see
+            `resolve_strategy` for the one to use on this runtime.
         rt: the runtime from `disttrain.runtime.setup()`.
         opts: strategy knobs.
 
     Returns:
         The module to train (call `unwrap` to get the bare one back).
+
+    Example:
+        >>> model = wrap(SimpleNet(), "ddp", rt)
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -90,30 +162,81 @@ def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None 
     return STRATEGIES[strategy](model, rt, opts or WrapOptions())
 
 
+def is_fsdp(model: nn.Module) -> bool:
+    from disttrain.fsdp import is_fsdp as _is_fsdp
+
+    return _is_fsdp(model)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP / DataParallel wrappers."""
-    while isinstance(model, (DDP, nn.DataParallel)):
+    """The user's module inside DDP / DataParallel / FSDP1 wrappers (FSDP2 is in place)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    while isinstance(model, (DDP, nn.DataParallel, FullyShardedDataParallel)):
         model = model.module
     return model
 
 
+def eval_module(model: nn.Module) -> nn.Module:
+    """What to call for evaluation: the bare module under DDP (no reducer bookkeeping),
+    the wrapper itself for DP and FSDP (they must scatter / gather parameters)."""
+    return model.module if isinstance(model, DDP) else model
+
+
 @contextlib.contextmanager
 def no_sync(model: nn.Module, skip: bool) -> Iterator[None]:
-    """DDP's no_sync() when `skip` (accumulation micro-steps), else nothing."""
-    if skip and isinstance(model, DDP):
+    """Skip the gradient reduction when `skip` (accumulation micro-steps), else nothing.
+
+    DDP: `no_sync()`; FSDP: no reduce-scatter (FSDP2 `set_requires_gradient_sync`).
+    """
+    if not skip:
+        yield
+    elif isinstance(model, DDP):
         with model.no_sync():
+            yield
+    elif is_fsdp(model):
+        from disttrain.fsdp import fsdp_no_sync
+
+        with fsdp_no_sync(model):
             yield
     else:
         yield
 
 
-def params_sha256(model: nn.Module) -> str:
-    """SHA-256 of all parameters and buffers in state_dict order (same on synced ranks)."""
-    import hashlib
+def model_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The full, unsharded state_dict of the bare model (for FSDP a collective)."""
+    if is_fsdp(model):
+        from disttrain.fsdp import full_state_dict
 
+        return full_state_dict(model)
+    return unwrap(model).state_dict()
+
+
+def params_sha256(model: nn.Module) -> str:
+    """SHA-256 of all parameters and buffers in state_dict order (same on synced ranks).
+
+    For FSDP the parameters are gathered first, so every rank must call it.
+    """
     h = hashlib.sha256()
-    for name, t in unwrap(model).state_dict().items():
+    for name, t in model_state_dict(model).items():
         h.update(name.encode())
         if isinstance(t, torch.Tensor):
             h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def enable_grad_ckpt(model: nn.Module) -> str:
+    """Activation checkpointing (seed 000 §8.5): the model's own switch when it has one
+    (`gradient_checkpointing_enable`, as Hugging Face models), else each direct child
+    with parameters is recomputed in backward. Non-reentrant, so it works under DDP and
+    FSDP. Returns how it was enabled."""
+    if hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable()
+        return "gradient_checkpointing_enable()"
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    blocks = {id(c) for c in model.children() if any(True for _ in c.parameters())}
+    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in blocks)
+    return f"checkpoint_wrapper on {len(blocks)} block(s)"

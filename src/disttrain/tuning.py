@@ -2,12 +2,19 @@
 
     lr = scaled_lr(0.001, "linear", batch_size=32, world_size=4, grad_accum=1)   # 0.004
     amp = Precision.create("bf16", device)      # amp.autocast(), amp.scaler
+    opt = build_optimizer("adam", model.parameters(), lr)   # fused kernel when available
+
+Mixed precision uses `torch.autocast(device_type=...)` and `torch.amp.GradScaler`, not
+the seed's deprecated `torch.cuda.amp` spellings. fp16 needs CUDA (CPU autocast has no
+fp16 GEMMs worth having, and a loss scaler is for fp16's narrow range); bf16 runs on CPU
+and on Ampere or newer GPUs without a scaler.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +59,13 @@ class Precision:
     scaler: Any | None = None
 
     @classmethod
-    def create(cls, name: str, device: torch.device) -> Precision:
+    def create(cls, name: str, device: torch.device, sharded: bool = False) -> Precision:
+        """The precision `name` on `device`; `sharded` (FSDP) gets the ShardedGradScaler,
+        which agrees on inf/NaN gradients over all ranks before skipping a step.
+
+        Raises:
+            PrecisionError: fp16 without CUDA, bf16 on a GPU without bf16, unknown name.
+        """
         dev = device.type
         if name == "fp32":
             return cls(name, dev, None)
@@ -63,6 +76,10 @@ class Precision:
         if name == "fp16":
             if dev != "cuda":
                 raise PrecisionError("fp16 autocast needs a CUDA GPU; on CPU use --precision bf16")
+            if sharded:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                return cls(name, dev, torch.float16, ShardedGradScaler("cuda"))
             return cls(name, dev, torch.float16, torch.amp.GradScaler("cuda"))
         raise PrecisionError(f"unknown precision {name!r}; choose fp32, bf16 or fp16")
 
@@ -83,3 +100,31 @@ class Precision:
             self.scaler.update()
         else:
             optimizer.step()
+
+
+def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float,
+                    fused: bool | None = None) -> torch.optim.Optimizer:
+    """Adam or SGD(momentum 0.9); Adam with its fused kernel by default.
+
+    The fused Adam does the whole update in one pass per parameter instead of a dozen
+    elementwise ops: on the synthetic workload its step takes ~0.4 ms instead of ~1.1 ms
+    of a ~3 ms training step (docs/performance.md). Results differ from the for-loop
+    Adam only by float rounding.
+    """
+    params = list(params)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name != "adam":
+        raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
+    if fused is None:
+        fused = fused_supported(params)
+    return torch.optim.Adam(params, lr=lr, fused=fused or None)
+
+
+def fused_supported(params: Iterable[torch.nn.Parameter]) -> bool:
+    """Fused Adam runs on CPU (torch >= 2.4) and CUDA, for floating-point parameters."""
+    for p in params:
+        dev = p.device.type
+        if dev not in ("cpu", "cuda") or not torch.is_floating_point(p):
+            return False
+    return True

@@ -184,3 +184,17 @@ def test_big_log_stays_linear() -> None:
     noise = "[default0]:epoch 0 step 1 loss 0.0507\n" * 20_000
     d = diagnose(noise + "[rank1]: RuntimeError: CUDA error: invalid device ordinal\n" + noise)
     assert (d.cause, d.rank) == ("no_gpu_visible", 1)
+
+
+def test_watchdog_stall_line_names_the_stalled_rank():
+    from disttrain.diagnose.logs import diagnose
+
+    text = "\n".join([
+        "[rank0]:[E1130 gloo] Timed out waiting 30000ms for recv operation to complete",
+        "error: rank 1 (pid 4242, host node-a) made no progress for 6 s; last seen: step 17, "
+        "phase backward",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    ])
+    d = diagnose(text)
+    assert d.cause == "collective_timeout" and d.rank == 1
+    assert "step 17, phase backward" in d.title

@@ -434,3 +434,26 @@ def test_script_with_install_says_it_needs_disttrain(workdir: Path) -> None:
     assert pod["metadata"]["labels"]["disttrain.io/needs-disttrain"] == "true"
     assert "pip-installed" in pod["metadata"]["annotations"]["disttrain.io/image-needs"]
     assert pod["spec"]["containers"][0]["command"][0] == "sh"
+
+
+def test_restart_settings_reach_the_cluster_objects():
+    """Issue 7: with --max-restarts the rendered objects retry and the built-in job resumes."""
+    import yaml
+
+    from disttrain.k8s.render import render
+    from disttrain.spec import JobSpec
+
+    spec = JobSpec.from_dict({}, {"kind": "job", "nnodes": 2, "max_restarts": 2, "gpus": 1,
+                                  "image": "r/i:1", "image_has_disttrain": True})
+    objs = render(spec).objects
+    job = next(o for o in objs if o["kind"] == "Job")
+    assert job["spec"]["backoffLimit"] == 2
+    cmd = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "--max_restarts=2" in cmd
+    cm = next(o for o in objs if o["kind"] == "ConfigMap")
+    shipped = yaml.safe_load(next(v for k, v in cm["data"].items() if k.endswith("job.yaml")))
+    assert shipped["train"]["resume"] is True
+    spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"kind": "pytorchjob"})})
+    pj = next(o for o in render(spec).objects if o["kind"] == "PyTorchJob")
+    assert pj["spec"]["runPolicy"]["backoffLimit"] == 2
+    assert pj["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "OnFailure"

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from disttrain.cli.options import collect_overrides, fail, load_spec, spec_options
+from disttrain.cli.options import SpecFile, collect_overrides, fail, load_spec, spec_options
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -59,7 +59,7 @@ def k8s() -> None:
 # -- shared pieces -----------------------------------------------------------------------
 def _spec_args(fn: Any) -> Any:
     fn = spec_options([None, "launch", "train", "cluster"])(fn)
-    fn = click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False),
+    fn = click.option("-f", "--file", "spec_file", type=SpecFile(),
                       help="job spec YAML; flags override its fields")(fn)
     fn = click.argument("script_args", nargs=-1, type=click.UNPROCESSED)(fn)
     return click.argument("script", required=False)(fn)

@@ -33,6 +33,22 @@ class YamlValue(click.ParamType):
             return yaml.safe_load(value)
         except yaml.YAMLError as exc:
             self.fail(f"not valid YAML: {exc}", param, ctx)
+        except (ValueError, RecursionError) as exc:  # a date like 2024-02-30, deep nesting
+            self.fail(f"not a usable YAML value ({type(exc).__name__}: {str(exc)[:200]})",
+                      param, ctx)
+
+
+class SpecFile(click.Path):
+    """`-f FILE`: click.Path, with a NUL in the name reported as bad input (click's own
+    os.stat raises ValueError on it, which would surface as a traceback)."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            self.fail("a file name cannot contain a NUL character", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class IntOrAuto(click.ParamType):

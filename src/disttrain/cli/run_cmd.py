@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from disttrain.cli.options import collect_overrides, fail, load_spec, spec_options
+from disttrain.cli.options import SpecFile, collect_overrides, fail, load_spec, spec_options
 
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs")
 
@@ -21,7 +21,7 @@ RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("-f", "--file", "spec_file", type=click.Path(dir_okay=False),
+@click.option("-f", "--file", "spec_file", type=SpecFile(),
               help="job spec YAML; flags override its fields")
 @click.option("--dry-run", is_flag=True, help="print the resolved spec and torchrun command")
 @spec_options([None, "launch", "train"])
@@ -85,8 +85,8 @@ def _file_sets_port(spec_file: str | None) -> bool:
 
 def _check_inputs(spec: Any) -> None:
     """Refuse, before any process starts, what would only fail inside every worker."""
-    if spec.script and not Path(spec.script).is_file():
-        fail(f"script {spec.script}: no such file")
+    if spec.script and not _is_file(spec.script):
+        fail(f"script {spec.script[:300]}: no such file")
     from disttrain.launch_argv import local_gpu_count
 
     if spec.train.precision == "fp16" and local_gpu_count() == 0 and not spec.script:
@@ -102,6 +102,14 @@ def _check_inputs(spec: Any) -> None:
             looked = ", ".join(str(p) for p in mnist_candidates(root))
             fail(f"train.data_dir: MNIST IDX files not found in {looked}; put them there, "
                  f"pass --data-dir DIR, or add --download")
+
+
+def _is_file(path: str) -> bool:
+    """Path.is_file that answers False for names the OS refuses (too long, NUL)."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _prepare_run_dir(spec: Any) -> Path:
@@ -138,6 +146,8 @@ def _run(spec: Any) -> int:
 
 def _explain_failure(result: Any) -> None:
     ranks = ", ".join(str(r) for r in sorted(result.failures)) or "?"
+    for stall in getattr(result, "stalls", []):  # the watchdog's finding names the cause
+        click.echo(f"error: {stall}", err=True)
     click.echo(f"error: the job failed (failed rank(s): {ranks})", err=True)
     try:
         from disttrain.diagnose.logs import diagnose, format_diagnosis

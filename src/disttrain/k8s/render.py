@@ -115,7 +115,13 @@ class _Renderer:
         self.nproc = resolve_nproc(spec, gpus=self.c.gpus)
         self.image = self.c.image or (LOCAL_IMAGE if local else None)
         self._check()
-        self.code: CodePlan = plan_code(spec, base_dir)
+        # A replaced pod starts with torchrun's restart count at 0: with restarts on, the
+        # built-in job must resume from the run dir's checkpoints by itself.
+        pod_spec = spec
+        if spec.launch.max_restarts and not spec.script:
+            pod_spec = spec.model_copy(update={"train": spec.train.model_copy(
+                update={"resume": True})})
+        self.code: CodePlan = plan_code(spec, base_dir, pod_spec.to_yaml())
 
     # -- checks -----------------------------------------------------------------------
     def _check(self) -> None:
@@ -262,8 +268,10 @@ class _Renderer:
         podspec = self._podspec(self._container("trainer", argv, env), subdomain=self.name)
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.name),
                 "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n,
-                         # one lost rank breaks the process group: fail the Job, no retry
-                         "backoffLimit": 0,
+                         # one lost rank breaks the process group: without restarts the
+                         # Job fails at once; with them, a failed pod is re-created and
+                         # torchrun re-forms the group from the last checkpoint
+                         "backoffLimit": self.spec.launch.max_restarts,
                          "template": {"metadata": self._pod_meta(), "spec": podspec}}}
 
     def _pytorchjob(self) -> dict[str, Any]:
@@ -281,11 +289,14 @@ class _Renderer:
             meta = self._pod_meta()
             if rank_offset:
                 meta["annotations"][RANK_OFFSET] = str(rank_offset)
-            return {"replicas": count, "restartPolicy": "Never",
+            policy = "OnFailure" if self.spec.launch.max_restarts and not c.elastic_nodes \
+                else "Never"
+            return {"replicas": count, "restartPolicy": policy,
                     "template": {"metadata": meta, "spec": copy.deepcopy(podspec)}}
 
         spec: dict[str, Any] = {"nprocPerNode": str(self.nproc),
-                                "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0}}
+                                "runPolicy": {"cleanPodPolicy": "None",
+                                              "backoffLimit": self.spec.launch.max_restarts}}
         if c.elastic_nodes:
             lo, hi = (int(x) for x in c.elastic_nodes.split(":"))
             spec["elasticPolicy"] = {"minReplicas": lo, "maxReplicas": hi,

@@ -1,0 +1,176 @@
+"""Fault tolerance end to end: killed and stalled workers, damaged checkpoints (issue 7).
+
+Faults come from the test-only hook `DISTTRAIN_FAULT` (disttrain.watchdog): the worker of
+the given rank SIGKILLs or SIGSTOPs itself at the given optimizer step and phase, in the
+first round only, so the restarted round runs clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.timeout(300)
+
+# 2 epochs of digits on 2 ranks = 46 optimizer steps (23 per epoch); checkpoints at
+# steps 10, 20, 23 (epoch end), 30, 40, 46; the newest two are kept.
+COMMON = ("run", "--nproc-per-node", "2", "--epochs", "2", "--checkpoint-every-steps", "10",
+          "--master-port", "0")
+STEPS = 46
+RANDOM_STEP = random.Random(int.from_bytes(os.urandom(4), "little")).randrange(2, STEPS)
+KILL_POINTS = [
+    pytest.param("kill:rank=1:step=1", (), id="before-the-first-checkpoint"),
+    pytest.param("kill:rank=1:step=19", (), id="just-before-checkpoint-20"),
+    pytest.param("kill:rank=1:step=20", (), id="right-after-checkpoint-20"),
+    pytest.param("kill:rank=1:step=23:phase=eval", (), id="in-the-epoch-end-eval"),
+    pytest.param("kill:rank=0:step=30:phase=checkpoint", (), id="rank0-in-its-save"),
+    pytest.param(f"kill:rank=1:step={RANDOM_STEP}", (), id=f"random-step-{RANDOM_STEP}"),
+    pytest.param("stop:rank=1:step=33:phase=backward", ("--timeout-s", "6"),
+                 id="stalled-then-restarted"),
+]
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_workers(tmp_path):
+    """Kill whatever a failed test left running in its folder (a SIGSTOPped worker
+    would otherwise stay forever)."""
+    yield
+    for proc in psutil.process_iter():
+        try:
+            if Path(proc.cwd()).is_relative_to(tmp_path):
+                proc.kill()
+        except (psutil.Error, OSError, ValueError):
+            continue
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """params_sha256 of the run that never failed."""
+    cwd = tmp_path_factory.mktemp("reference")
+    res = run_cli(*COMMON, "--run-dir", "ref", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = _summary(cwd / "ref")
+    assert summary["steps"] == STEPS
+    return summary["params_sha256"]
+
+
+@pytest.mark.parametrize(("fault", "extra"), KILL_POINTS)
+def test_lost_worker_restarts_and_finishes_bitwise_exact(tmp_path, reference, fault, extra):
+    res = run_cli(*COMMON, "--run-dir", "run", "--max-restarts", "1", *extra, cwd=tmp_path,
+                  env={"DISTTRAIN_FAULT": fault})
+    out = res.stdout + res.stderr
+    assert "disttrain fault injection" in out, "the fault never fired"
+    assert res.returncode == 0, out[-4000:]
+    summary = _summary(tmp_path / "run")
+    assert summary["steps"] == STEPS and summary["params_in_sync"] is True
+    assert summary["params_sha256"] == reference, f"{fault}: not bitwise equal to the reference"
+    train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in line]
+    keys = [(r["rank"], r["step"]) for r in train]
+    assert len(keys) == len(set(keys)), "records of the lost round must not be kept twice"
+
+
+def test_stalled_worker_ends_the_job_within_the_timeout_naming_it(tmp_path):
+    timeout_s = 6
+    res = run_cli("run", "--nproc-per-node", "2", "--epochs", "2", "--master-port", "0",
+                  "--timeout-s", str(timeout_s),
+                  cwd=tmp_path, env={"DISTTRAIN_FAULT": "stop:rank=1:step=17:phase=backward"},
+                  timeout=180)
+    ended = time.time()
+    stalled = re.search(r"fault injection .* stop rank 1 pid (\d+) .* t=([\d.]+)", res.stderr)
+    assert stalled, res.stderr[-3000:]
+    pid, stall_to_exit = int(stalled.group(1)), ended - float(stalled.group(2))
+    assert res.returncode == 1, res.stderr[-3000:]
+    named = re.search(rf"error: rank 1 \(pid {pid}, host \S+\) made no progress for (\d+) s; "
+                      rf"last seen: step 17, phase backward", res.stderr)
+    assert named and int(named.group(1)) >= timeout_s, res.stderr[-3000:]
+    failed = re.search(r"failed rank\(s\): ([\d, ]+)", res.stderr)
+    assert failed and "1" in failed.group(1).split(", "), res.stderr[-3000:]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    print(f"\nstall -> exit: {stall_to_exit:.1f} s (timeout {timeout_s} s)")
+    # The bound of the issue is the timeout; what is added is detection (one poll),
+    # torchrun's teardown and interpreter exit, slow on this shared 2-core machine.
+    assert stall_to_exit < timeout_s + 30
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path, reference):
+    part = run_cli(*COMMON, "--run-dir", "run", "--max-steps", "30", cwd=tmp_path)
+    assert part.returncode == 0, part.stderr[-3000:]
+    newest = tmp_path / "run" / "checkpoints" / "ckpt-00000030.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit inside the tensor data
+    newest.write_bytes(bytes(data))
+    rest = run_cli(*COMMON, "--run-dir", "run", "--resume", cwd=tmp_path)
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "skipping checkpoint" in rest.stderr and "ckpt-00000030.pt: corrupt" in rest.stderr
+    assert "resumed from run/checkpoints/ckpt-00000023.pt (epoch 1, step 23)" in rest.stdout
+    assert _summary(tmp_path / "run")["params_sha256"] == reference
+
+
+def _resume_from_private_dirs(base: str) -> str:
+    """Each rank has its own run dir (as pods without a shared volume would): only rank
+    0's holds the checkpoint."""
+    from disttrain.builder import build_trainer
+    from disttrain.spec import JobSpec
+    from disttrain.testing import setup_for_test
+
+    with setup_for_test() as rt:
+        overrides = {"epochs": 1, "max_steps": 5, "checkpoint_every_steps": 5,
+                     "run_dir": str(Path(base) / f"node{rt.rank}")}
+        build_trainer(JobSpec.from_dict({}, overrides), rt).fit()
+        again = build_trainer(JobSpec.from_dict({}, {**overrides, "resume": True}), rt)
+        try:
+            again.maybe_resume()
+        except RuntimeError as exc:
+            return str(exc)
+        return "resumed"
+
+
+def test_ranks_that_see_different_checkpoints_refuse_to_resume(tmp_path):
+    from disttrain.testing import run_ranks
+
+    results = run_ranks(2, _resume_from_private_dirs, str(tmp_path), timeout_s=120)
+    for message in results.values():
+        assert "the ranks found different checkpoints" in message
+        assert "step by rank: [5, None]" in message and "shares" in message
+
+
+PORT_RACE = """
+import socket, sys
+import disttrain.launch as launch
+
+if __name__ == "__main__":
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    launch.choose_port = lambda spec: (port, None)  # free when checked, taken when bound
+    from disttrain.cli.main import main
+
+    sys.exit(main(["run", "--epochs", "1", "--checkpoint-every-epochs", "0"]))
+"""
+
+
+def test_port_taken_between_check_and_bind_is_picked_again(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "race.py").write_text(PORT_RACE)
+    res = subprocess.run([sys.executable, "race.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "was taken just before the start; using free port" in res.stderr
+    assert _summary(tmp_path / "runs" / "disttrain")["params_in_sync"] is True

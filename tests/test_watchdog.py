@@ -1,0 +1,169 @@
+"""The watchdog's judgement (pure, no processes) and the heartbeat's fault hook parsing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from disttrain.faults import Fault
+from disttrain.watchdog import (
+    Heartbeat,
+    Watchdog,
+    collective_timeout_s,
+    interval_for,
+)
+
+pytestmark = pytest.mark.timeout(60)
+HOST = socket.gethostname()
+
+
+@pytest.fixture
+def sleeper():
+    """A real local process to stand for a rank (the watchdog checks pids are alive)."""
+    procs: list[subprocess.Popen] = []
+
+    def make() -> int:
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        procs.append(p)
+        return p.pid
+
+    yield make
+    for p in procs:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def rec(rank: int, pid: int, step: int, phase: str, seq: int, alive: int, host: str = HOST):
+    return {"rank": rank, "pid": pid, "host": host, "step": step, "phase": phase,
+            "seq": seq, "alive": alive}
+
+
+def test_fresh_ranks_are_not_stalled(sleeper):
+    wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, kill=False)
+    a, b = sleeper(), sleeper()
+    wd.observe({0: rec(0, a, 5, "forward", 1, 1), 1: rec(1, b, 5, "forward", 1, 1)}, now=0)
+    wd.observe({0: rec(0, a, 6, "forward", 2, 2), 1: rec(1, b, 6, "forward", 2, 2)}, now=9)
+    assert wd.judge(now=18) is None  # both moved at t=9
+
+
+def test_frozen_rank_is_blamed_not_the_one_waiting_for_it(sleeper):
+    wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, kill=False)
+    a, b = sleeper(), sleeper()
+    wd.observe({0: rec(0, a, 17, "backward", 5, 1), 1: rec(1, b, 17, "backward", 5, 1)}, now=0)
+    # rank 0's publisher keeps running (alive moves), rank 1's stopped with it (SIGSTOP)
+    for t in range(1, 12):
+        wd.observe({0: rec(0, a, 17, "backward", 5, 1 + t), 1: rec(1, b, 17, "backward", 5, 1)},
+                   now=t)
+    stall = wd.judge(now=11)
+    assert stall is not None and stall.rank == 1 and stall.frozen
+    assert stall.message.startswith(f"rank 1 (pid {b}, host {HOST}) made no progress for 11 s; "
+                                    f"last seen: step 17, phase backward")
+    assert "not running" in stall.message and "waiting for it: rank 0" in stall.message
+
+
+def test_rank_furthest_behind_is_blamed_when_all_are_alive(sleeper):
+    wd = Watchdog("127.0.0.1", 1, world_size=3, timeout_s=10, kill=False)
+    pids = [sleeper() for _ in range(3)]
+    state = {0: (18, "backward"), 1: (17, "between steps"), 2: (18, "backward")}
+    for t in range(0, 12):
+        wd.observe({r: rec(r, pids[r], *state[r], seq=3, alive=t) for r in range(3)}, now=t)
+    stall = wd.judge(now=11)
+    assert stall is not None and stall.rank == 1 and not stall.frozen
+    assert "alive but stuck" in stall.message
+    assert [r for r, _, _ in stall.waiting] == [0, 2]
+
+
+def test_alive_ranks_at_the_same_place_are_all_named(sleeper):
+    wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, kill=False)
+    a, b = sleeper(), sleeper()
+    for t in range(0, 12):
+        wd.observe({0: rec(0, a, 17, "backward", 4, t), 1: rec(1, b, 17, "backward", 4, t)}, now=t)
+    stall = wd.judge(now=11)
+    assert stall is not None and stall.message.startswith("ranks 0, 1 (pids")
+    assert set(stall.pids) == {a, b}
+
+
+def test_exited_ranks_and_remote_ranks(sleeper):
+    wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, kill=False)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    wd.observe({0: rec(0, dead.pid, 3, "forward", 1, 1)}, now=0)
+    assert wd.judge(now=100) is None, "an exited rank is torchrun's to report, not a stall"
+    wd.observe({1: rec(1, 12345, 3, "forward", 1, 1, host="other-node")}, now=0)
+    stall = wd.judge(now=100)
+    assert stall is not None and stall.rank == 1 and not stall.local
+
+
+def test_act_kills_the_local_stalled_rank_and_starts_afresh(sleeper):
+    seen = []
+    wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, on_stall=seen.append)
+    a, b = sleeper(), sleeper()
+    wd.observe({0: rec(0, a, 1, "forward", 1, 1), 1: rec(1, b, 1, "forward", 1, 1)}, now=0)
+    wd.observe({0: rec(0, a, 2, "forward", 2, 2), 1: rec(1, b, 1, "forward", 1, 1)}, now=11)
+    stall = wd.judge(now=11)
+    assert stall is not None and stall.rank == 1
+    wd.act(stall)
+    assert seen == [stall] and wd.stalls == [stall]
+    deadline = time.time() + 10
+    while time.time() < deadline and wd._running(rec(1, b, 0, "", 0, 0)):
+        time.sleep(0.05)
+    assert not wd._running(rec(1, b, 0, "", 0, 0)), "the stalled rank must be killed"
+    assert wd.judge(now=12) is None  # rank 0 is judged anew, from now on
+
+
+def test_timeouts():
+    assert collective_timeout_s(300) == 330 and collective_timeout_s(10) == 12
+    assert collective_timeout_s(1000) == 1030
+    assert interval_for(1) == 0.1 and interval_for(10) == 0.5 and interval_for(600) == 2.0
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("kill:rank=1:step=17", Fault("kill", 1, 17)),
+    ("stop:rank=0:step=3:phase=backward", Fault("stop", 0, 3, "backward")),
+    ("hang:rank=2:step=0:restart=1", Fault("hang", 2, 0, None, 1)),
+])
+def test_fault_parse(text, expected):
+    assert Fault.parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "kill", "kill:rank=1", "boom:rank=1:step=2",
+                                  "kill:rank=x:step=2", "kill:rank=1:step=2:color=red"])
+def test_fault_parse_rejects_with_usage(text):
+    with pytest.raises(ValueError, match="expected ACTION:rank=R:step=S"):
+        Fault.parse(text)
+
+
+def test_fault_fires_once_at_its_step_and_phase_only_in_its_round():
+    fault = Fault("raise", 0, 2, "backward")
+    hb = Heartbeat(0, restart=0, fault=fault)
+    hb.beat(2)              # forward of step 2: not yet
+    hb.mark("optimizer")
+    hb.beat(1)
+    hb.mark("backward")     # step 1: not yet
+    hb.beat(2)
+    with pytest.raises(RuntimeError, match="fault injection"):
+        hb.mark("backward")
+    hb.mark("backward")     # fired once
+    assert Heartbeat(0, restart=1, fault=fault)._fault is None, "not armed after a restart"
+    assert Heartbeat(1, restart=0, fault=fault)._fault is None, "not armed on other ranks"
+
+
+def test_heartbeat_counts_progress_without_publishing():
+    hb = Heartbeat(0)
+    for i in range(1000):
+        hb.beat(i)
+    assert hb.seq == 1000 and hb.step == 999 and hb.phase == "forward"
+    record = hb.record()
+    assert record["pid"] == os.getpid() and record["alive"] == 0
+
+
+def test_finished_ranks_are_never_stalled(sleeper):
+    wd = Watchdog("127.0.0.1", 1, world_size=1, timeout_s=10, kill=False)
+    a = sleeper()
+    wd.observe({0: rec(0, a, 46, "done", 9, 9)}, now=0)
+    assert wd.judge(now=1000) is None
