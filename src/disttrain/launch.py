@@ -18,7 +18,6 @@ torchrun and is not offered: torchrun passes LOCAL_RANK in the environment inste
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import socket
 import sys
@@ -51,17 +50,7 @@ class LaunchResult:
 
 
 # -- ports (seed 000 §8.3) ---------------------------------------------------------------
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when `port` can be bound on `host` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-    return True
+from disttrain.ports import port_free  # noqa: E402 - re-exported for callers of launch
 
 
 def free_port(host: str = "127.0.0.1") -> int:

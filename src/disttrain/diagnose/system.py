@@ -166,16 +166,15 @@ def interfaces() -> dict[str, Interface]:
 
 def port_in_use(port: int, hosts: tuple[str, ...] = ("0.0.0.0", "127.0.0.1")) -> bool:
     """True when a TCP listener already holds `port` (bind test, as TCPStore would)."""
+    from disttrain.ports import port_free
+
     for host in hosts:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError as exc:
-                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                    return True
-                if exc.errno != errno.EADDRNOTAVAIL:
-                    raise
+        try:
+            if not port_free(port, host):
+                return True
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
     return False
 
 
