@@ -10,12 +10,15 @@ import time
 
 import pytest
 
+from disttrain import watchdog
 from disttrain.faults import Fault
 from disttrain.watchdog import (
+    STALL_EXIT_CODE,
     Heartbeat,
     Watchdog,
     collective_timeout_s,
     interval_for,
+    stall_line,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -167,3 +170,39 @@ def test_finished_ranks_are_never_stalled(sleeper):
     a = sleeper()
     wd.observe({0: rec(0, a, 46, "done", 9, 9)}, now=0)
     assert wd.judge(now=1000) is None
+
+
+def test_in_job_watchdog_reports_kills_then_exits_never_killing_itself(sleeper, monkeypatch):
+    """Rank 0's watchdog (plain torchrun): report, kill the local stalled rank, then end
+    its own process; a stall of rank 0 itself is ended by the exit, not a self-SIGKILL."""
+    exits, seen = [], []
+    monkeypatch.setattr(watchdog, "_exit_now", exits.append)
+    wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, on_stall=seen.append,
+                  exit_code=STALL_EXIT_CODE)
+    b = sleeper()
+    me = os.getpid()
+    for t in range(0, 12):  # both alive; rank 0 stuck outside a collective, same place
+        wd.observe({0: rec(0, me, 4, "backward", 3, t), 1: rec(1, b, 4, "backward", 3, t)}, now=t)
+    stall = wd.judge(now=11)
+    assert stall is not None and set(stall.pids) == {me, b}
+    wd.act(stall)  # would SIGKILL this test process if it did not skip its own pid
+    assert seen == [stall] and exits == [STALL_EXIT_CODE]
+    deadline = time.time() + 10
+    while time.time() < deadline and wd._running(rec(1, b, 0, "", 0, 0)):
+        time.sleep(0.05)
+    assert not wd._running(rec(1, b, 0, "", 0, 0)), "the other stalled rank must be killed"
+
+
+def test_stall_line_is_what_the_doctor_reads():
+    from disttrain.diagnose.logs import diagnose
+
+    stall = watchdog.Stall(1, 4242, HOST, 17, "backward", 30.2, frozen=True)
+    assert stall_line(stall) == f"error: {stall.message}; stopping it"
+    line = stall_line(stall, ends_job=True)
+    assert line.startswith(f"error: rank 1 (pid 4242, host {HOST}) made no progress for 30 s; "
+                           f"last seen: step 17, phase backward;")
+    assert line.endswith(f"; stopping it; ending the job (rank 0 exits with code {STALL_EXIT_CODE})")
+    d = diagnose(line)
+    assert (d.cause, d.rank) == ("collective_timeout", 1)
+    remote = watchdog.Stall(1, 4242, "other", 17, "backward", 30.2, frozen=True, local=False)
+    assert "stopping it" not in stall_line(remote)

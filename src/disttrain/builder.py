@@ -13,10 +13,13 @@ made here, each printed in the start banner and stored in summary.json:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from disttrain.comm_hooks import CommStats, register_comm_hook
-from disttrain.data import ShardedLoader, load_dataset
+from disttrain.data import ShardedLoader, Splits, load_dataset
 from disttrain.models import build_model
 from disttrain.report import RunWriter
 from disttrain.runtime import Runtime, seed_everything
@@ -32,7 +35,7 @@ from disttrain.strategies import (
 from disttrain.trainer import Trainer
 from disttrain.tuning import Precision, build_optimizer, global_batch, scaled_lr, warmup_lambda
 
-__all__ = ["build_optimizer", "build_trainer", "planned_steps"]
+__all__ = ["build_optimizer", "build_trainer", "load_splits_rank0_first", "planned_steps"]
 REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -41,6 +44,38 @@ def planned_steps(cfg: TrainSpec, batches_per_epoch: int) -> int:
     per_epoch = -(-batches_per_epoch // cfg.grad_accum)
     total = per_epoch * cfg.epochs
     return min(total, cfg.max_steps) if cfg.max_steps else total
+
+
+def load_splits_rank0_first(rt: Runtime, load: Callable[..., Splits], download: bool) -> Splits:
+    """Load the data on every rank; a download happens on rank 0 alone, before the others.
+
+    Had every rank loaded at once, the ranks other than 0 (which must not download into
+    the same folder) would look for the files while rank 0 is still fetching them, and
+    fail. So rank 0 loads first (downloading if needed), all ranks meet at a barrier,
+    and then the others load what is now on disk.
+
+    Args:
+        rt: this process's runtime (its barrier is a no-op at world size 1).
+        load: the loader, called as `load(download=...)`.
+        download: whether a missing dataset may be downloaded.
+
+    Returns:
+        This rank's splits.
+
+    Example:
+        >>> splits = load_splits_rank0_first(rt, partial(load_dataset, "mnist"), True)
+    """
+    if not download or rt.world_size == 1:
+        return load(download=download)
+    if rt.is_rank0:
+        try:
+            return load(download=True)
+        finally:
+            # NOTE: meet the barrier even when the download failed, so the other ranks
+            # fail at once on the missing files instead of waiting out the timeout.
+            rt.barrier()
+    rt.barrier()
+    return load(download=False)
 
 
 def build_trainer(spec: JobSpec, rt: Runtime, writer: RunWriter | None = None) -> Trainer:
@@ -65,8 +100,9 @@ def build_trainer(spec: JobSpec, rt: Runtime, writer: RunWriter | None = None) -
                             "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
     precision = Precision.create(cfg.precision, rt.device, sharded=strategy == "fsdp")
     example = spec.workload
-    splits = load_dataset(example, data_dir=cfg.data_dir, download=cfg.download and rt.is_rank0,
-                          num_samples=cfg.num_samples, input_size=cfg.input_size)
+    load = functools.partial(load_dataset, example, data_dir=cfg.data_dir,
+                             num_samples=cfg.num_samples, input_size=cfg.input_size)
+    splits = load_splits_rank0_first(rt, load, download=cfg.download)
     # Same seed on every rank: identical initial weights (DDP would broadcast anyway).
     seed_everything(cfg.seed)
     model = build_model(example, cfg.input_size or splits.input_size, cfg.hidden_size,

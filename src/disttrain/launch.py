@@ -1,6 +1,7 @@
 """Start the workers of a job on this machine: torchrun (default), mp.spawn, or env.
 
-    result = launch(spec)          # LaunchResult(exit_code, failures, port_note)
+    result = launch(spec)                            # LaunchResult(exit_code, failures, ...)
+    outcome = launch_function(spec, entry, arg)      # {rank: entry(arg)} or failures
 
 Every launcher gives each worker the same environment contract (seed 000 §2.2), which
 `disttrain.runtime` reads: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
@@ -13,6 +14,10 @@ rank-prefixed output and torchrun's exit status.
 `python -m torch.distributed.launch` (seed 000 §5.2 way 2) is deprecated in favour of
 torchrun and is not offered: torchrun passes LOCAL_RANK in the environment instead of a
 `--local-rank` argument, and adds elastic restarts.
+
+While the launcher's stall watchdog runs, DISTTRAIN_WATCHDOG=launcher is set in its
+environment: a `python -m disttrain.worker` started under it then leaves the watching
+to the launcher (without it, rank 0 would watch as it does under plain torchrun).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,16 @@ class LaunchError(RuntimeError):
 
 class PortTaken(LaunchError):
     """The rendezvous port was taken between choosing it and binding it."""
+
+
+@dataclass
+class LaunchOutcome:
+    """`launch_function`'s result: return values by global rank, or the failed ranks
+    with their message."""
+
+    values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -174,7 +189,7 @@ def _watchdog(spec: JobSpec, nproc: int) -> Iterator[Any]:
     if launch.launcher == "env":
         yield None
         return
-    from disttrain.watchdog import Stall, Watchdog
+    from disttrain.watchdog import ENV_WATCHDOG, Stall, Watchdog, stall_line
 
     host, port = launch.master_addr, launch.master_port
     if launch.nnodes > 1 and launch.launcher == "torchrun" and launch.rdzv_endpoint:
@@ -182,12 +197,21 @@ def _watchdog(spec: JobSpec, nproc: int) -> Iterator[Any]:
         port = int(port_text) if port_text.isdigit() else port
 
     def report(stall: Stall) -> None:
-        action = "; stopping it" if stall.local else ""
-        print(f"error: {stall.message}{action}", file=sys.stderr, flush=True)
+        print(stall_line(stall), file=sys.stderr, flush=True)
 
-    with Watchdog(host, port, world_size=launch.nnodes * nproc, timeout_s=launch.timeout_s,
-                  on_stall=report) as wd:
-        yield wd
+    # Workers that run `python -m disttrain.worker` (a script may) inherit the mark, so
+    # rank 0 does not watch as well: one report per stall.
+    saved = os.environ.get(ENV_WATCHDOG)
+    os.environ[ENV_WATCHDOG] = "launcher"
+    try:
+        with Watchdog(host, port, world_size=launch.nnodes * nproc,
+                      timeout_s=launch.timeout_s, on_stall=report) as wd:
+            yield wd
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_WATCHDOG, None)
+        else:
+            os.environ[ENV_WATCHDOG] = saved
 
 
 def _launch_config(spec: JobSpec, nproc: int, logs_dir: Path | None, start_method: str) -> Any:
@@ -256,6 +280,62 @@ def _launch_torchrun(spec: JobSpec, nproc: int, spec_path: Path | None) -> Launc
                     for rank, f in exc.failures.items()}
         return LaunchResult(1, failures, log_text=_collect_logs(spec, exc))
     return LaunchResult(0)
+
+
+def launch_function(spec: JobSpec, entry: Callable[..., Any], *args: Any) -> LaunchOutcome:
+    """Run `entry(*args)` on the spec's ranks with torch's elastic launcher.
+
+    The same launch as `disttrain run` (`_launch_config`: static rendezvous on one node,
+    c10d on several, the port moved when taken, workers forked from the warm fork
+    server), for a function instead of the training job: what `disttrain verify` and
+    the benchmarks run. The process environment is restored afterwards (the elastic
+    agent writes TORCHELASTIC_* into it).
+
+    Args:
+        spec: the job's launch settings (nproc, nodes, port, backend, timeout).
+        entry: a picklable function; each rank returns its value.
+        *args: passed to `entry` on every rank.
+
+    Returns:
+        The values by global rank, or the failed ranks and why.
+
+    Raises:
+        LaunchError: an explicitly requested port is taken.
+
+    Example:
+        >>> outcome = launch_function(spec, verify.elastic_entry, opts)
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    nproc = resolve_nproc(spec)
+    port, note = choose_port(spec)
+    spec = spec.model_copy(update={"launch": spec.launch.model_copy(update={"master_port": port})})
+    saved = dict(os.environ)
+    outcome = LaunchOutcome(notes=[note] if note else [])
+    try:
+        os.environ.update(worker_env(spec, nproc))
+        method = "forkserver" if prewarm_workers() else "spawn"
+        config = _launch_config(spec, nproc, None, method)
+        try:
+            outcome.values = dict(elastic_launch(config, entry)(*args))
+        except ChildFailedError as exc:
+            outcome.failures = {rank: _failure_text(f) for rank, f in exc.failures.items()}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return outcome
+
+
+def _failure_text(failure: Any) -> str:
+    """One line per failed rank: its exit code and the last line of its error."""
+    message = str(getattr(failure, "message", "") or "")
+    if isinstance(getattr(failure, "message", None), dict):
+        message = str(failure.message.get("message", ""))
+    first = message.strip().splitlines()[-1] if message.strip() else ""
+    if "To enable traceback" in first:  # torch's placeholder when no error file was written
+        first = ""
+    return f"rank crashed (exit code {failure.exitcode}){': ' + first if first else ''}"
 
 
 def _collect_logs(spec: JobSpec, exc: Any) -> str:

@@ -28,10 +28,17 @@ def local_gpu_count() -> int:
 
 
 def resolve_nproc(spec: JobSpec, gpus: int | None = None) -> int:
-    """`auto` -> one process per GPU, else 2 (the CPU demo: gloo over 2 processes)."""
+    """`auto` -> one process per GPU, else 2 (the CPU demo: gloo over 2 processes).
+
+    The built-in job's strategy `dp` is the exception: nn.DataParallel is one process
+    driving all visible GPUs, so `auto` means 1; with 2 processes both fail. A user
+    script ignores `train`, so its `auto` stays as above.
+    """
     n = spec.launch.nproc_per_node
     if n != "auto":
         return int(n)
+    if spec.train.strategy == "dp" and not spec.script:
+        return 1
     gpus = local_gpu_count() if gpus is None else gpus
     return gpus if gpus >= 1 else 2
 

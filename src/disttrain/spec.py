@@ -53,7 +53,8 @@ class LaunchSpec(StrictModel):
 
     nnodes: int = Field(1, ge=1, description="number of nodes (hosts / pods)")
     nproc_per_node: int | Literal["auto"] = Field(
-        "auto", description="processes per node; auto = one per GPU, else 2 on CPU"
+        "auto", description="processes per node; auto = one per GPU, else 2 on CPU (1 with "
+        "--strategy dp: one process drives all GPUs)"
     )
     node_rank: int = Field(0, ge=0, description="this node's rank (multi-node, static rendezvous)")
     master_addr: str = Field("127.0.0.1", description="address of the rank-0 node")

@@ -106,7 +106,7 @@ def verify_local(spec: JobSpec, *, fault: str | None = None,
     Example:
         >>> results, code = verify_local(JobSpec.from_dict({}, {"nproc_per_node": 2}))
     """
-    from disttrain.bench.common import launch_function
+    from disttrain.launch import launch_function
 
     fault = fault if fault is not None else os.environ.get(FAULT_ENV)
     parse_faults(fault)

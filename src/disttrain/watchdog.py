@@ -9,6 +9,10 @@
     with Watchdog("127.0.0.1", port, world_size=2, timeout_s=30, on_stall=report):
         elastic_launch(config, entry)(...)
 
+    # in rank 0 under plain torchrun (disttrain.worker.main already does this)
+    with in_job_watchdog(master_addr, master_port, world_size=2, timeout_s=30):
+        train()
+
 Why: a rank that is SIGSTOPped, deadlocked, or stuck in a collective makes every other
 rank wait for it, and torch's only guard is the collective timeout (30 minutes unless
 set), whose error comes from a rank that was *waiting*, not from the stuck one (anchors
@@ -19,6 +23,10 @@ the hot loop never touches the network. The launcher's `Watchdog` thread reads t
 and, when a rank has made no progress for `timeout_s`, reports
 `rank 1 (pid …, host …) made no progress for 30 s; last seen: step 17, phase backward`
 and SIGKILLs it; torchrun's agent then fails the job (or restarts it, --max-restarts).
+Where no disttrain launcher runs (plain `torchrun -m disttrain.worker` in a pod), rank 0
+runs the same `Watchdog` in a thread (`in_job_watchdog`) and, after the report, ends its
+own process with `STALL_EXIT_CODE`, so torchrun's agent tears the job down at once.
+`disttrain run` sets `DISTTRAIN_WATCHDOG=launcher` for its workers to keep that off.
 
 Which rank is to blame when all have stopped (the stuck one and those waiting on it): a
 rank whose publisher thread stopped too is frozen (SIGSTOP, a GIL-holding hang) and is
@@ -40,6 +48,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +63,11 @@ if TYPE_CHECKING:
     from disttrain.runtime import Runtime
 
 KEY_PREFIX = "disttrain/hb/"
+# Set (to any value) when something else watches the job, so rank 0 does not:
+# `launcher` by `disttrain run`, `off` by a user who wants no in-job watchdog.
+ENV_WATCHDOG = "DISTTRAIN_WATCHDOG"
+# What rank 0 exits with after reporting a stall: what `disttrain run` returns for one.
+STALL_EXIT_CODE = 1
 # Order of phases within one optimizer step: the rank furthest behind is the one the
 # others wait for. `step` is the value of `beat(step)`: optimizer steps completed.
 PHASE_ORDER = {"setup": 0, "resume": 1, "eval": 2, "checkpoint": 3, "forward": 4,
@@ -300,7 +314,11 @@ class Watchdog:
         on_stall: called with each `Stall` (e.g. to print it).
         kill: SIGKILL a stalled rank that runs on this host, so torchrun's agent sees a
             failed worker (a SIGSTOPped one would ignore the agent's SIGTERM for 30 s).
+            Never this process itself: see `exit_code`.
         interval: poll period (default `interval_for(timeout_s)`).
+        exit_code: after acting, end this process with it (`os._exit`). For a watchdog
+            inside rank 0: its exit makes torchrun's agent stop the job at once, also
+            when the stalled rank is on another host, or is rank 0 itself.
 
     Staleness is measured on this process's monotonic clock from when a change was
     first seen, so clocks of other hosts do not matter.
@@ -313,6 +331,7 @@ class Watchdog:
     on_stall: Callable[[Stall], None] | None = None
     kill: bool = True
     interval: float | None = None
+    exit_code: int | None = None
     stalls: list[Stall] = field(default_factory=list, init=False)
     _seen: dict[int, _Seen] = field(default_factory=dict, init=False)
     _killed: set[int] = field(default_factory=set, init=False)
@@ -378,16 +397,20 @@ class Watchdog:
                      local=rec.get("host") == self._hostname)
 
     def act(self, stall: Stall) -> None:
-        """Record and report a stall, kill the rank when it is local, start afresh."""
+        """Record and report a stall, kill the rank when it is local, start afresh (or
+        end this process, with `exit_code`)."""
         self.stalls.append(stall)
         if self.on_stall is not None:
             self.on_stall(stall)
         if self.kill and stall.local:
             for pid in stall.pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+                if pid != os.getpid():  # rank 0 stalled itself: `exit_code` ends it
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
                 self._killed.add(pid)
         self._seen.clear()  # the other ranks fail or restart; judge them anew
+        if self.exit_code is not None:
+            _exit_now(self.exit_code)
 
     def _running(self, rec: dict[str, Any]) -> bool:
         if rec.get("host") != self._hostname:
@@ -452,6 +475,58 @@ class Watchdog:
             with contextlib.suppress(ValueError, TypeError):
                 out[rank] = json.loads(bytes(raw).decode())
         return out
+
+
+def stall_line(stall: Stall, ends_job: bool = False) -> str:
+    """The one-line report of a stall, as the launcher and rank 0 print it (and
+    `disttrain doctor logs` reads it back)."""
+    action = "; stopping it" if stall.local else ""
+    if ends_job:
+        action += f"; ending the job (rank 0 exits with code {STALL_EXIT_CODE})"
+    return f"error: {stall.message}{action}"
+
+
+def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float) -> Watchdog:
+    """The watchdog rank 0 runs when no disttrain launcher watches (plain torchrun).
+
+    It reports a stall on stderr, kills the stalled rank when it is on this host, and
+    then exits rank 0's process with `STALL_EXIT_CODE`: torchrun's agent sees a failed
+    worker and stops the job, instead of waiting for a collective to time out with an
+    error from a rank that was only waiting. Use it as a context manager around training.
+    """
+    def report(stall: Stall) -> None:
+        print(stall_line(stall, ends_job=True), file=sys.stderr, flush=True)
+        _record_for_torchrun(RankStalled(stall.message))
+
+    return Watchdog(host, port, world_size=world_size, timeout_s=timeout_s, on_stall=report,
+                    exit_code=STALL_EXIT_CODE)
+
+
+class RankStalled(RuntimeError):
+    """What rank 0's watchdog records in torchrun's error file before it ends the job."""
+
+
+def _record_for_torchrun(exc: RankStalled) -> None:
+    """Write the stall to torchrun's error file, so that its failure summary, which can
+    only list rank 0 (the process that exits), carries the line naming the stalled rank."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    with contextlib.suppress(Exception):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        try:
+            raise exc  # torch's summary shows the recorded traceback: it needs one
+        except RankStalled as raised:
+            ErrorHandler().record_exception(raised)
+
+
+def _exit_now(code: int) -> None:
+    """End this process from the watchdog thread: the main thread may sit in a collective,
+    which a normal exit (atexit handlers, thread joins) would wait for."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _listening(host: str, port: int) -> bool:

@@ -3,12 +3,19 @@
 torchrun (locally through `disttrain run`, or in a pod) starts one of these per rank with
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* set; `run_worker` is the same thing as a
 function, which the local launcher forks so workers need not import torch again.
+
+Under plain torchrun (the pod command) no disttrain launcher watches the heartbeats, so
+rank 0 does (`disttrain.watchdog.in_job_watchdog`): a stalled rank is named and the job
+ends within `launch.timeout_s`. `disttrain run` sets DISTTRAIN_WATCHDOG to keep it off.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from disttrain.spec import JobSpec, SpecError
@@ -33,6 +40,23 @@ def elastic_entry(spec_data: dict[str, Any]) -> dict[str, Any]:
     return record(run_worker)(spec_data)
 
 
+@contextlib.contextmanager
+def _rank0_watchdog(timeout_s: float) -> Iterator[None]:
+    """On rank 0 of a multi-rank job nobody else watches, watch it while this runs."""
+    from disttrain import runtime
+    from disttrain.watchdog import ENV_WATCHDOG, in_job_watchdog
+
+    try:
+        env = runtime.read_env()
+    except runtime.DistEnvError:
+        env = None  # runtime.setup reports it, naming the variable
+    if os.environ.get(ENV_WATCHDOG) or env is None or env.rank != 0 or env.world_size < 2:
+        yield
+        return
+    with in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s):
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m disttrain.worker", description=__doc__)
     parser.add_argument("--spec", required=True, help="job spec YAML written by disttrain")
@@ -42,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    elastic_entry(spec.model_dump())
+    with _rank0_watchdog(spec.launch.timeout_s):
+        elastic_entry(spec.model_dump())
     return 0
 
 

@@ -29,7 +29,7 @@ def fake(**kw: Any) -> Probe:
         port_owner=lambda port: None, resolve=lambda host, t: ["10.42.0.9"],
         connect=lambda addr, port, t: "open", interfaces=lambda: IFACES,
         shm=lambda: (2048 * MiB, 2000 * MiB), nofile=lambda: (65536, 65536),
-        hostname=lambda: "trainer-0")
+        cpu_load=lambda: (0.4, 16), hostname=lambda: "trainer-0")
     base.update(kw)
     return Probe(**base)
 
@@ -107,6 +107,14 @@ def test_shm_size(size: int, status: str) -> None:
 
 def test_missing_shm_warns() -> None:
     assert by_name(fake(shm=lambda: None))["shm"].status == WARN
+
+
+@pytest.mark.parametrize(("load", "status"), [((0.9, 2), OK), ((1.4, 2), WARN),
+                                              ((5.5, 16), OK), (None, OK)])
+def test_cpu_load(load: tuple[float, int] | None, status: str) -> None:
+    check = by_name(fake(cpu_load=lambda: load))["cpu_load"]
+    assert check.status == status
+    assert ("--threads 1" in check.fix) is (status == WARN)
 
 
 @pytest.mark.parametrize(("soft", "status"), [(256, FAIL), (1024, WARN), (65536, OK)])

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_stray_workers")]
 
 # 2 epochs of digits on 2 ranks = 46 optimizer steps (23 per epoch); checkpoints at
 # steps 10, 20, 23 (epoch end), 30, 40, 46; the newest two are kept.
@@ -41,19 +41,6 @@ KILL_POINTS = [
 
 def _summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
-
-
-@pytest.fixture(autouse=True)
-def _no_stray_workers(tmp_path):
-    """Kill whatever a failed test left running in its folder (a SIGSTOPped worker
-    would otherwise stay forever)."""
-    yield
-    for proc in psutil.process_iter():
-        try:
-            if Path(proc.cwd()).is_relative_to(tmp_path):
-                proc.kill()
-        except (psutil.Error, OSError, ValueError):
-            continue
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from disttrain.bench.common import BenchError, format_size, launch_function, pyplot, save_figure
+from disttrain.bench.common import BenchError, format_size, pyplot, save_figure
+from disttrain.launch import launch_function
 from disttrain.spec import JobSpec
 
 FIELDS = ("size_bytes", "time_s", "algbw_GBps", "busbw_GBps", "world_size", "backend")

@@ -1,7 +1,7 @@
-"""What every benchmark shares: launching a function on the job's ranks, the run
-directory, size parsing, statistics and plotting.
+"""What every benchmark shares: the run directory, size parsing, statistics and plotting.
 
-    outcome = launch_function(spec, entry, arg)     # {rank: return value} or failures
+Benchmarks run their measurement on the job's ranks with `disttrain.launch.launch_function`.
+
     run_dir = new_run_dir("allreduce")              # runs/bench-allreduce-20261130T180000Z
     write_results(run_dir, meta, rows)              # results.json + results.jsonl
 """
@@ -15,12 +15,9 @@ import re
 import socket
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from disttrain.spec import JobSpec
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -28,62 +25,6 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 
 class BenchError(RuntimeError):
     """A benchmark run failed; the message names the rank or the command and its output."""
-
-
-@dataclass
-class LaunchOutcome:
-    """Return values by global rank, or the failed ranks with their message."""
-
-    values: dict[int, Any] = field(default_factory=dict)
-    failures: dict[int, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def launch_function(spec: JobSpec, entry: Callable[..., Any], *args: Any) -> LaunchOutcome:
-    """Run `entry(*args)` on the spec's ranks with torch's elastic launcher.
-
-    The same launch as `disttrain run` (disttrain.launch's LaunchConfig: static rendezvous
-    on one node, c10d on several, the port moved when taken, workers forked from the
-    warm fork server), for a function instead of the training job. The process
-    environment is restored afterwards (the elastic agent writes TORCHELASTIC_* into it).
-
-    Raises:
-        disttrain.launch.LaunchError: an explicitly requested port is taken.
-    """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
-    # NOTE: _launch_config is launch.py's; asked to be made public (issue 5 report).
-    from disttrain.launch import _launch_config, choose_port, prewarm_workers, worker_env
-    from disttrain.launch_argv import resolve_nproc
-
-    nproc = resolve_nproc(spec)
-    port, note = choose_port(spec)
-    spec = spec.model_copy(update={"launch": spec.launch.model_copy(update={"master_port": port})})
-    saved = dict(os.environ)
-    outcome = LaunchOutcome(notes=[note] if note else [])
-    try:
-        os.environ.update(worker_env(spec, nproc))
-        method = "forkserver" if prewarm_workers() else "spawn"
-        config = _launch_config(spec, nproc, None, method)
-        try:
-            outcome.values = dict(elastic_launch(config, entry)(*args))
-        except ChildFailedError as exc:
-            outcome.failures = {rank: _failure_text(f) for rank, f in exc.failures.items()}
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    return outcome
-
-
-def _failure_text(failure: Any) -> str:
-    message = str(getattr(failure, "message", "") or "")
-    if isinstance(getattr(failure, "message", None), dict):
-        message = str(failure.message.get("message", ""))
-    first = message.strip().splitlines()[-1] if message.strip() else ""
-    if "To enable traceback" in first:  # torch's placeholder when no error file was written
-        first = ""
-    return f"rank crashed (exit code {failure.exitcode}){': ' + first if first else ''}"
 
 
 # -- sizes ------------------------------------------------------------------------------

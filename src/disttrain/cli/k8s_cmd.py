@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from disttrain.cli.options import SpecFile, collect_overrides, fail, load_spec, spec_options
 
 CTX = {"help_option_names": ["-h", "--help"]}
+T = TypeVar("T")
 
 # NOTE: verbs owned by other modules, imported only when called. `disttrain k8s verify`
 # (the Verify issue) goes here as "verify": "disttrain.cli.k8s_verify_cmd:verify"; it is
@@ -72,6 +74,13 @@ def _cluster_args(fn: Any) -> Any:
                              "/etc/rancher/k3s/k3s.yaml)")(fn)
 
 
+def _job_args(fn: Any) -> Any:
+    """NAME, -n/--namespace and the kubeconfig options of a verb on an existing job."""
+    fn = _cluster_args(fn)
+    fn = click.option("-n", "--namespace", default="default", help="namespace")(fn)
+    return click.argument("name")(fn)
+
+
 def _load(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
           kwargs: dict[str, Any]) -> Any:
     overrides = collect_overrides(kwargs)
@@ -111,9 +120,20 @@ def _connect(kubeconfig: str | None, context: str | None) -> Any:
         _cluster_error(exc)
 
 
-def _cluster_error(exc: Exception) -> None:
+def _cluster_error(exc: Exception) -> NoReturn:
     click.echo(f"error: {exc}", err=True)
     raise click.exceptions.Exit(1)
+
+
+def _on_cluster(kubeconfig: str | None, context: str | None, call: Callable[[Any], T]) -> T:
+    """Connect, then return `call(cluster)`; a KubeError either way is one line, exit 1."""
+    from disttrain.k8s.client import KubeError
+
+    cluster = _connect(kubeconfig, context)
+    try:
+        return call(cluster)
+    except KubeError as exc:
+        _cluster_error(exc)
 
 
 def _diagnosis(text: str) -> str | None:
@@ -161,31 +181,17 @@ def apply(script: str | None, script_args: tuple[str, ...], spec_file: str | Non
     if dry_run:
         _print_objects(rendered.objects, "yaml")
         return
-    from disttrain.k8s.client import KubeError
-
-    cluster = _connect(kubeconfig, context)
-    try:
-        results = cluster.apply(rendered.objects)
-    except KubeError as exc:
-        _cluster_error(exc)
+    results = _on_cluster(kubeconfig, context, lambda cluster: cluster.apply(rendered.objects))
     for r in results:
         click.echo(f"{r.ref.kind.lower()}/{r.ref.name} {r.action}")
     click.echo(f"follow it: disttrain k8s logs -f {spec.name} -n {spec.cluster.namespace}")
 
 
 @k8s.command(context_settings=CTX)
-@click.argument("name")
-@click.option("-n", "--namespace", default="default", help="namespace")
-@_cluster_args
+@_job_args
 def status(name: str, namespace: str, kubeconfig: str | None, context: str | None) -> None:
     """Show each pod of job NAME: rank, phase, restarts, node, GPU resources, scheduler."""
-    from disttrain.k8s.client import KubeError
-
-    cluster = _connect(kubeconfig, context)
-    try:
-        st = cluster.status(namespace, name)
-    except KubeError as exc:
-        _cluster_error(exc)
+    st = _on_cluster(kubeconfig, context, lambda cluster: cluster.status(namespace, name))
     for line in st.workloads:
         click.echo(line)
     rows = [("RANK", "POD", "PHASE", "RESTARTS", "NODE", "GPU", "SCHEDULER")]
@@ -202,39 +208,25 @@ def status(name: str, namespace: str, kubeconfig: str | None, context: str | Non
 
 
 @k8s.command(context_settings=CTX)
-@click.argument("name")
 @click.option("-f", "--follow", is_flag=True, help="stream until the pods end")
-@click.option("-n", "--namespace", default="default", help="namespace")
-@_cluster_args
+@_job_args
 def logs(name: str, follow: bool, namespace: str, kubeconfig: str | None,
          context: str | None) -> None:
     """Print the logs of every pod of job NAME, prefixed with rank and pod; a failed pod's
     log goes to the doctor."""
-    from disttrain.k8s.client import KubeError
-
-    cluster = _connect(kubeconfig, context)
-    try:
-        pod_logs = cluster.logs(namespace, name, follow=follow, out=click.echo)
-    except KubeError as exc:
-        _cluster_error(exc)
+    pod_logs = _on_cluster(kubeconfig, context,
+                           lambda cluster: cluster.logs(namespace, name, follow=follow,
+                                                        out=click.echo))
     failed = [(p.pod, "failed", p.text) for p in pod_logs if p.failed]
     _report_failures(failed)
     raise click.exceptions.Exit(1 if failed else 0)
 
 
 @k8s.command(context_settings=CTX)
-@click.argument("name")
-@click.option("-n", "--namespace", default="default", help="namespace")
-@_cluster_args
+@_job_args
 def delete(name: str, namespace: str, kubeconfig: str | None, context: str | None) -> None:
     """Delete job NAME's workload, Service and ConfigMap (PVCs are kept)."""
-    from disttrain.k8s.client import KubeError
-
-    cluster = _connect(kubeconfig, context)
-    try:
-        deleted = cluster.delete_job(namespace, name)
-    except KubeError as exc:
-        _cluster_error(exc)
+    deleted = _on_cluster(kubeconfig, context, lambda cluster: cluster.delete_job(namespace, name))
     for ref in deleted:
         click.echo(f"{ref.kind.lower()}/{ref.name} deleted")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from disttrain.cli.k8s_cmd import CTX, _cluster_args, _cluster_error, _connect, _load, _render, _spec_args
+from disttrain.cli.k8s_cmd import CTX, _cluster_args, _load, _on_cluster, _render, _spec_args
 
 
 @click.command(context_settings=CTX)
@@ -30,17 +30,13 @@ def verify(script: str | None, script_args: tuple[str, ...], spec_file: str | No
            steps: int | None, **kwargs: Any) -> None:
     """Run the verify checks as a job where the spec's job would run; print the verdict."""
     from disttrain.cli.verify_cmd import print_report
-    from disttrain.k8s.client import KubeError
     from disttrain.verify import DEFAULT_STEPS, json_lines, verify_job_spec, verify_on_cluster
 
     spec = _load(script, script_args, spec_file, kwargs)
     _render(verify_job_spec(spec))  # bad input: exit 2 before the cluster is contacted
-    cluster = _connect(kubeconfig, context)
-    try:
-        results, code = verify_on_cluster(spec, cluster, out=lambda line: click.echo(line, err=as_json),
-                                          keep=keep, steps=steps or DEFAULT_STEPS)
-    except KubeError as exc:
-        _cluster_error(exc)
+    results, code = _on_cluster(kubeconfig, context, lambda cluster: verify_on_cluster(
+        spec, cluster, out=lambda line: click.echo(line, err=as_json), keep=keep,
+        steps=steps or DEFAULT_STEPS))
     if as_json:
         click.echo("\n".join(json_lines(results)))
     else:

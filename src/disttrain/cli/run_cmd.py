@@ -68,7 +68,8 @@ def worker_env_early(overrides: dict[str, Any]) -> dict[str, str]:
     import os
 
     nproc = overrides.get("nproc_per_node", "auto")
-    n = nproc if isinstance(nproc, int) else 2
+    auto = 1 if overrides.get("strategy") == "dp" else 2  # as launch_argv.resolve_nproc
+    n = nproc if isinstance(nproc, int) else auto
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = overrides.get("threads") or max(1, (cores or 1) // n)
     return {"OMP_NUM_THREADS": str(threads)}
@@ -87,6 +88,8 @@ def _check_inputs(spec: Any) -> None:
     """Refuse, before any process starts, what would only fail inside every worker."""
     if spec.script and not _is_file(spec.script):
         fail(f"script {spec.script[:300]}: no such file")
+    if not spec.script:
+        _check_strategy(spec)
     from disttrain.launch_argv import local_gpu_count
 
     if spec.train.precision == "fp16" and local_gpu_count() == 0 and not spec.script:
@@ -104,6 +107,21 @@ def _check_inputs(spec: Any) -> None:
                  f"pass --data-dir DIR, or add --download")
 
 
+def _check_strategy(spec: Any) -> None:
+    """Built-in job combinations that every worker would reject (or crash on) at start.
+
+    Only for the built-in job: a user script reads its own arguments, not `train`.
+    """
+    cfg, nproc = spec.train, spec.launch.nproc_per_node
+    if cfg.strategy == "dp" and isinstance(nproc, int) and nproc > 1:
+        fail(f"launch.nproc_per_node: strategy dp runs ONE process that drives all visible "
+             f"GPUs (nn.DataParallel), not {nproc}; use --nproc-per-node 1, or "
+             f"--strategy ddp for one process per GPU (recommended)")
+    if cfg.strategy == "fsdp" and cfg.comm_hook == "powersgd":
+        fail("train.comm_hook: powersgd is a DDP comm hook and FSDP has none; "
+             "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
+
+
 def _is_file(path: str) -> bool:
     """Path.is_file that answers False for names the OS refuses (too long, NUL)."""
     try:
@@ -113,8 +131,13 @@ def _is_file(path: str) -> bool:
 
 
 def _prepare_run_dir(spec: Any) -> Path:
+    """Create the run dir (clearing an earlier run's outputs) and write job.yaml there.
+
+    Every rank writes the same job.yaml atomically, which is harmless; only the rank
+    that owns the outputs may delete them (see `_owns_outputs`).
+    """
     run_dir = spec.run_dir
-    if not spec.train.resume and run_dir.exists():
+    if not spec.train.resume and run_dir.exists() and _owns_outputs(spec):
         old = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
         if old:
             click.echo(f"note: {run_dir} holds an earlier run; replacing it "
@@ -127,6 +150,22 @@ def _prepare_run_dir(spec: Any) -> Path:
 
     write_text_atomic(spec_path, spec.to_yaml())
     return spec_path
+
+
+def _owns_outputs(spec: Any) -> bool:
+    """Whether this invocation may clear the run dir: always, except under `--launcher env`.
+
+    With `env` every rank is its own `disttrain run` and they may share a run dir; a
+    rank other than 0 that starts a moment later would delete rank 0's fresh outputs.
+    """
+    if spec.launch.launcher != "env":
+        return True
+    from disttrain.runtime import DistEnvError, read_env
+
+    try:
+        return read_env().rank == 0
+    except DistEnvError as exc:
+        fail(f"--launcher env: {exc}")
 
 
 def _run(spec: Any) -> int:

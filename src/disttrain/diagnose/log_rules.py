@@ -301,12 +301,13 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("rendezvous_failure", CONSEQUENCE, r"RendezvousClosedError",
          title="the rendezvous was closed (another node failed, or the job is shutting down)"),
     # -- collective_timeout ----------------------------------------------------------------
-    # disttrain's own stall watchdog (disttrain.watchdog) names the rank that stopped: it
+    # disttrain's own stall watchdog (disttrain.watchdog) names the rank that stopped
+    # (`subject_rank`: the rank the line is about, whichever rank printed it): it
     # is the root cause of the timeouts and "connection closed" errors the others print.
     _sig("collective_timeout", ROOT,
-         r"ranks? (?P<hit_rank>\d+)(?:,[\d, ]+)? \(pids? [^)]*\) made no progress for "
+         r"ranks? (?P<subject_rank>\d+)(?:,[\d, ]+)? \(pids? [^)]*\) made no progress for "
          r"(?P<secs>[\d.]+) ?s; last seen: (?P<where>[^;\n]+)",
-         title="rank {hit_rank} stalled: no progress for {secs} s (last seen: {where})",
+         title="rank {subject_rank} stalled: no progress for {secs} s (last seen: {where})",
          fix="That rank stopped making progress (SIGSTOPped, deadlocked, stuck in I/O, or "
              "waiting in a collective the others never entered). `py-spy dump --pid PID` "
              "shows where it is; check what it does at the last-seen step and phase (rank-0-"

@@ -167,7 +167,9 @@ def _signature_hits(lines: list[Line]) -> list[_Hit]:
             if m is None or (sig.exclude is not None and sig.exclude.search(line.text)):
                 continue
             fields = {k: v for k, v in m.groupdict().items() if v is not None}
-            rank = line.rank
+            # `subject_rank`: the message is about that rank, whoever printed it (rank 0's
+            # stall watchdog, also quoted in torchrun's summary under rank 0's name)
+            rank = int(fields["subject_rank"]) if "subject_rank" in fields else line.rank
             if rank is None and "hit_rank" in fields:   # e.g. mp.spawn's "process 1 ..."
                 rank = int(fields["hit_rank"])
             hit = _Hit(sig.cause, sig.strength, i, rank, sig, fields)

@@ -62,6 +62,7 @@ class Probe:
     interfaces: Callable[[], dict[str, Interface]] = system.interfaces
     shm: Callable[[], tuple[int, int] | None] = system.shm_size
     nofile: Callable[[], tuple[int, int] | None] = system.nofile_limit
+    cpu_load: Callable[[], tuple[float, int] | None] = system.cpu_load
     hostname: Callable[[], str] = socket.gethostname
 
 
@@ -351,6 +352,26 @@ def check_open_files(probe: Probe, ctx: dict[str, Any]) -> Check:
     return Check("open_files", OK, detail)
 
 
+def check_cpu_load(probe: Probe, ctx: dict[str, Any]) -> Check:
+    """Other processes on the CPUs: CPU training with several threads per rank suffers most.
+
+    NOTE: measured on a 2-vCPU VM (docs/performance.md): one process with 2 OpenMP threads
+    averaged 1.4 ms/step on idle cores and up to 36 ms/step while other work ran (its
+    threads spin-wait on a shared core); with 1 thread, 2.4-4.8 ms either way.
+    """
+    load = probe.cpu_load()
+    if load is None:
+        return Check("cpu_load", OK, "load average unknown")
+    avg, cores = load
+    detail = f"load average {avg:.1f} on {cores} CPU(s)"
+    if avg >= 0.5 * cores:
+        return Check("cpu_load", WARN, detail + ": other processes are using the CPUs",
+                     "CPU training on a shared machine: use --threads 1 (one OpenMP thread "
+                     "per rank) and no more ranks than free cores; benchmarks on a busy "
+                     "machine vary by 2x and more.")
+    return Check("cpu_load", OK, detail)
+
+
 def check_dist_env(probe: Probe, ctx: dict[str, Any]) -> Check:
     env = probe.env
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -386,7 +407,8 @@ def _version(text: str) -> tuple[int, ...]:
 
 CHECKS: tuple[Callable[[Probe, dict[str, Any]], Check], ...] = (
     check_torch, check_distributed, check_gpus, check_hami, check_master_port,
-    check_master_addr, check_socket_ifname, check_shm, check_open_files, check_dist_env)
+    check_master_addr, check_socket_ifname, check_shm, check_open_files, check_cpu_load,
+    check_dist_env)
 
 
 def failed(checks: list[Check]) -> bool:

@@ -245,6 +245,15 @@ def nofile_limit() -> tuple[int, int] | None:
         return None
 
 
+def cpu_load() -> tuple[float, int] | None:
+    """(1-minute load average, CPUs this process may use), None where unknown."""
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return os.getloadavg()[0], cores or 1
+    except OSError:
+        return None
+
+
 def in_kubernetes(env: Mapping[str, str]) -> bool:
     return "KUBERNETES_SERVICE_HOST" in env or os.path.exists(
         "/var/run/secrets/kubernetes.io/serviceaccount")

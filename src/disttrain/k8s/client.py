@@ -21,7 +21,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,36 @@ def stamp(obj: dict[str, Any]) -> dict[str, Any]:
 def ref_of(obj: dict[str, Any]) -> ObjectRef:
     meta = obj["metadata"]
     return ObjectRef(obj["kind"], meta.get("namespace", "default"), meta["name"])
+
+
+def tee_tail(lines: Iterable[str], prefix: str, tail: list[str], lock: threading.Lock,
+             out: Callable[[str], None], limit: int = _LOG_TAIL) -> None:
+    """Print each line as `prefix line` and keep the last `limit` bytes of them in `tail`.
+
+    Args:
+        lines: one pod's log lines, without newlines.
+        prefix: what marks this pod's lines, e.g. `[rank 0 job-0]`.
+        tail: filled in place, so it keeps what came before an error raised by `lines`.
+        lock: held while printing, so the lines of pods pumped at once do not interleave.
+        out: where the lines go (click.echo, print).
+        limit: bytes kept in `tail`, newlines included (what the doctor reads).
+
+    Example:
+        >>> tail: list[str] = []
+        >>> tee_tail(["a", "b"], "[p]", tail, threading.Lock(), print, limit=2)
+        [p] a
+        [p] b
+        >>> tail
+        ['b']
+    """
+    size = sum(len(line) + 1 for line in tail)
+    for line in lines:
+        with lock:
+            out(f"{prefix} {line}")
+        tail.append(line)
+        size += len(line) + 1
+        while size > limit and tail:
+            size -= len(tail.pop(0)) + 1
 
 
 class Cluster:
@@ -311,17 +341,11 @@ class Cluster:
             status = _pod_status(pod)
             prefix = f"[rank {status.rank} {status.name}]"
             tail: list[str] = []
-            size = 0
             if follow:
                 self._wait_started(namespace, status.name, wait_s)
             try:
-                for line in self.pod_log(namespace, status.name, _container(pod), follow):
-                    with lock:
-                        out(f"{prefix} {line}")
-                    tail.append(line)
-                    size += len(line) + 1
-                    while size > _LOG_TAIL and tail:
-                        size -= len(tail.pop(0)) + 1
+                tee_tail(self.pod_log(namespace, status.name, _container(pod), follow), prefix,
+                         tail, lock, out)
             except KubeError as exc:
                 with lock:
                     out(f"{prefix} (no log: {exc})")

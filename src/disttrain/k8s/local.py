@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disttrain.k8s.client import tee_tail
 from disttrain.k8s.render import render
 from disttrain.spec import JobSpec
 
@@ -40,7 +41,6 @@ SUBNET = ipaddress.ip_network("198.18.0.0/15")
 POD_NET = ipaddress.ip_network("198.18.0.0/24")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER")
-_TAIL = 2 * 1024 * 1024
 
 
 class LocalRunError(RuntimeError):
@@ -430,16 +430,9 @@ def _supervise(plans: list[tuple[LocalPod, dict[str, str]]], netns: dict[str, st
 
 def _pump(proc: subprocess.Popen[bytes], name: str, tail: list[str], lock: threading.Lock,
           out: Callable[[str], None]) -> None:
-    size = 0
     assert proc.stdout is not None
-    for raw in proc.stdout:
-        line = raw.decode("utf-8", "replace").rstrip("\n")
-        with lock:
-            out(f"[{name}] {line}")
-        tail.append(line)
-        size += len(line) + 1
-        while size > _TAIL and tail:
-            size -= len(tail.pop(0)) + 1
+    lines = (raw.decode("utf-8", "replace").rstrip("\n") for raw in proc.stdout)
+    tee_tail(lines, f"[{name}]", tail, lock, out)
 
 
 def _stop(procs: dict[str, subprocess.Popen[bytes]], wait_s: float = 10.0) -> None:
