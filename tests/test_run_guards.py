@@ -41,6 +41,8 @@ def test_other_nproc_unchanged(overrides, gpus, want):
 @pytest.mark.parametrize(("args", "needles"), [
     (("--strategy", "dp", "--nproc-per-node", "2"),
      ("launch.nproc_per_node", "ONE process", "--nproc-per-node 1", "--strategy ddp")),
+    (("--strategy", "dp", "--nnodes", "2", "--nproc-per-node", "1"),
+     ("launch.nnodes", "one process on one machine", "--strategy ddp")),
     (("--strategy", "fsdp", "--comm-hook", "powersgd"),
      ("train.comm_hook: powersgd is a DDP comm hook", "--strategy ddp")),
 ])
@@ -116,7 +118,7 @@ def test_env_malformed_rank_is_refused_before_deleting(tmp_path, monkeypatch, ca
     assert metrics.exists() and not (run_dir / "job.yaml").exists()
 
 
-# -- 4. rank 0 downloads before the other ranks load ----------------------------------
+# -- 4. local rank 0 downloads before the other ranks load ---------------------------
 def _build_with_download(marker: str, run_dir: str) -> list[bool]:
     """build_trainer on this rank with a loader that fails unless rank 0 went first."""
     from disttrain import builder
@@ -149,7 +151,7 @@ def test_build_trainer_rank0_downloads_before_others_load(tmp_path):
 
 
 def _rank0_load_fails() -> tuple[str, float]:
-    from disttrain.builder import load_splits_rank0_first
+    from disttrain.builder import load_splits_local_rank0_first
     from disttrain.testing import setup_for_test
 
     def load(download: bool):
@@ -158,7 +160,7 @@ def _rank0_load_fails() -> tuple[str, float]:
     with setup_for_test() as rt:
         t0 = time.monotonic()
         try:
-            load_splits_rank0_first(rt, load, download=True)
+            load_splits_local_rank0_first(rt, load, download=True)
         except FileNotFoundError as exc:
             return str(exc), time.monotonic() - t0
     raise AssertionError("load did not raise")
@@ -170,3 +172,23 @@ def test_failed_download_does_not_leave_others_waiting():
     out = run_ranks(2, _rank0_load_fails, timeout_s=60)
     assert out[0][0] == "download=True" and out[1][0] == "download=False"
     assert out[1][1] < 30, "rank 1 waited for the collective timeout"
+
+
+class _FakeNodeRank:
+    """A rank of a 2-node job (2 ranks per node): enough of Runtime for the loader."""
+
+    def __init__(self, rank: int) -> None:
+        self.world_size, self.local_rank, self.events = 4, rank % 2, []
+
+    def barrier(self) -> None:
+        self.events.append("barrier")
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_each_node_downloads_once_before_its_other_ranks_load(rank):
+    """Nodes need not share a filesystem: local rank 0 of every node downloads."""
+    from disttrain.builder import load_splits_local_rank0_first
+
+    rt = _FakeNodeRank(rank)
+    load_splits_local_rank0_first(rt, lambda download: rt.events.append(download), True)
+    assert rt.events == ([True, "barrier"] if rank % 2 == 0 else ["barrier", False])

@@ -35,7 +35,7 @@ from disttrain.strategies import (
 from disttrain.trainer import Trainer
 from disttrain.tuning import Precision, build_optimizer, global_batch, scaled_lr, warmup_lambda
 
-__all__ = ["build_optimizer", "build_trainer", "load_splits_rank0_first", "planned_steps"]
+__all__ = ["build_optimizer", "build_trainer", "load_splits_local_rank0_first", "planned_steps"]
 REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -46,13 +46,16 @@ def planned_steps(cfg: TrainSpec, batches_per_epoch: int) -> int:
     return min(total, cfg.max_steps) if cfg.max_steps else total
 
 
-def load_splits_rank0_first(rt: Runtime, load: Callable[..., Splits], download: bool) -> Splits:
-    """Load the data on every rank; a download happens on rank 0 alone, before the others.
+def load_splits_local_rank0_first(rt: Runtime, load: Callable[..., Splits],
+                                  download: bool) -> Splits:
+    """Load the data on every rank; a download happens on each node's local rank 0 alone,
+    before the other ranks load.
 
-    Had every rank loaded at once, the ranks other than 0 (which must not download into
-    the same folder) would look for the files while rank 0 is still fetching them, and
-    fail. So rank 0 loads first (downloading if needed), all ranks meet at a barrier,
-    and then the others load what is now on disk.
+    Had every rank loaded at once, the others (which must not all download into the same
+    folder) would look for the files while local rank 0 is still fetching them, and fail.
+    So local rank 0 loads first (downloading if needed: once per node, since nodes need
+    not share a filesystem; on a shared one the downloads are atomic renames of the same
+    bytes), all ranks meet at a barrier, and then the others load what is now on disk.
 
     Args:
         rt: this process's runtime (its barrier is a no-op at world size 1).
@@ -63,11 +66,11 @@ def load_splits_rank0_first(rt: Runtime, load: Callable[..., Splits], download: 
         This rank's splits.
 
     Example:
-        >>> splits = load_splits_rank0_first(rt, partial(load_dataset, "mnist"), True)
+        >>> splits = load_splits_local_rank0_first(rt, partial(load_dataset, "mnist"), True)
     """
     if not download or rt.world_size == 1:
         return load(download=download)
-    if rt.is_rank0:
+    if rt.local_rank == 0:
         try:
             return load(download=True)
         finally:
@@ -102,7 +105,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, writer: RunWriter | None = None) -
     example = spec.workload
     load = functools.partial(load_dataset, example, data_dir=cfg.data_dir,
                              num_samples=cfg.num_samples, input_size=cfg.input_size)
-    splits = load_splits_rank0_first(rt, load, download=cfg.download)
+    splits = load_splits_local_rank0_first(rt, load, download=cfg.download)
     # Same seed on every rank: identical initial weights (DDP would broadcast anyway).
     seed_everything(cfg.seed)
     model = build_model(example, cfg.input_size or splits.input_size, cfg.hidden_size,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import os
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -128,7 +129,8 @@ def download_mnist(root: Path) -> None:
     for stem in MNIST_FILES.values():
         target = root / f"{stem}.gz"
         if not target.exists():
-            tmp = target.with_suffix(".gz.part")
+            # per-process name: nodes sharing a filesystem may download at the same time
+            tmp = target.with_suffix(f".gz.{os.getpid()}.part")
             urllib.request.urlretrieve(MNIST_MIRROR + target.name, tmp)
             tmp.replace(target)
 

@@ -117,6 +117,9 @@ def _check_strategy(spec: Any) -> None:
         fail(f"launch.nproc_per_node: strategy dp runs ONE process that drives all visible "
              f"GPUs (nn.DataParallel), not {nproc}; use --nproc-per-node 1, or "
              f"--strategy ddp for one process per GPU (recommended)")
+    if cfg.strategy == "dp" and spec.launch.nnodes > 1:
+        fail(f"launch.nnodes: strategy dp is one process on one machine, not {spec.launch.nnodes} "
+             f"nodes; use --strategy ddp across nodes")
     if cfg.strategy == "fsdp" and cfg.comm_hook == "powersgd":
         fail("train.comm_hook: powersgd is a DDP comm hook and FSDP has none; "
              "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
