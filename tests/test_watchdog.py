@@ -12,14 +12,8 @@ import pytest
 
 from disttrain import watchdog
 from disttrain.faults import Fault
-from disttrain.watchdog import (
-    STALL_EXIT_CODE,
-    Heartbeat,
-    Watchdog,
-    collective_timeout_s,
-    interval_for,
-    stall_line,
-)
+from disttrain.heartbeat import Heartbeat, collective_timeout_s, interval_for
+from disttrain.watchdog import STALL_EXIT_CODE, Watchdog, stall_line
 
 pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname()

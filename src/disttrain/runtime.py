@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from disttrain.watchdog import collective_timeout_s
+from disttrain.heartbeat import collective_timeout_s
 
 log = logging.getLogger("disttrain")
 
@@ -241,7 +241,7 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
     Args:
         backend: "auto", "nccl" or "gloo".
         timeout_s: stall timeout; collectives time out after it plus a small grace
-            (`watchdog.collective_timeout_s`), so a rank stuck longer fails instead of
+            (`heartbeat.collective_timeout_s`), so a rank stuck longer fails instead of
             hanging (torch's default is 30 minutes, far too long to notice a dead peer),
             and disttrain's launcher watchdog names the stuck rank first.
         seed: when given, seed all RNGs with it (the same on every rank, so models

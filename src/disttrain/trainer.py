@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from disttrain import watchdog
+from disttrain import heartbeat
 from disttrain.checkpoint import load_latest, rng_state, save_checkpoint, set_rng_state
 from disttrain.comm_hooks import CommStats
 from disttrain.console import EpochTable
@@ -73,7 +73,7 @@ class Trainer:
         """Train for cfg.epochs (or max_steps), evaluate each epoch, return the summary."""
         t_start = time.perf_counter()
         # Heartbeat for the launcher's stall watchdog: phases from hooks, beats below.
-        watchdog.start(self.rt, self.model, self.optimizer)
+        heartbeat.start(self.rt, self.model, self.optimizer)
         self.maybe_resume()
         samples_start = self.state.samples
         table = EpochTable(enabled=self.rt.is_rank0)
@@ -113,7 +113,7 @@ class Trainer:
         t_log, samples_log = time.perf_counter(), 0
         progress = table.progress(n_batches, st.epoch)
         for x, y in self.loader:
-            watchdog.beat(st.step)  # attribute writes only; a thread publishes (issue 7)
+            heartbeat.beat(st.step)  # attribute writes only; a thread publishes (issue 7)
             i = st.batch_in_epoch
             # The last group of an epoch may be short: it still ends in an optimizer step.
             boundary = (i + 1) % cfg.grad_accum == 0 or i + 1 == n_batches
@@ -177,7 +177,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, batch_size: int = 1024) -> tuple[float, float]:
         """Loss and accuracy on the whole held-out split, summed over all ranks."""
-        watchdog.beat(self.state.step, "eval")
+        heartbeat.beat(self.state.step, "eval")
         self.model.eval()
         idx = eval_shard(len(self.test_x), self.rt.rank, self.rt.world_size)
         totals = torch.zeros(3, dtype=torch.float64, device=self.rt.device)
@@ -251,7 +251,7 @@ class Trainer:
 
     def save(self) -> None:
         """Rank 0 writes (atomically) what every rank needs; RNG states come from all ranks."""
-        watchdog.beat(self.state.step, "checkpoint")
+        heartbeat.beat(self.state.step, "checkpoint")
         rngs = self.rt.all_gather_object(rng_state())
         sharded = None
         if is_fsdp(self.model):  # every rank writes its shards (a collective)
@@ -309,7 +309,7 @@ class Trainer:
     def finish(self, last_eval: tuple[float, float], samples_per_s: float, wall_s: float,
                table: EpochTable) -> dict[str, Any]:
         """Hash-compare parameters over ranks and write summary.json / loss.png."""
-        watchdog.beat(self.state.step, "finish")
+        heartbeat.beat(self.state.step, "finish")
         digest = params_sha256(self.model)
         hashes = self.rt.all_gather_object(digest)
         in_sync = len(set(hashes)) == 1
@@ -328,7 +328,7 @@ class Trainer:
             self.writer.plot_loss()
             self.writer.close()
         table.footer(summary)
-        watchdog.stop()  # training is over: what the process does next is not watched
+        heartbeat.stop()  # training is over: what the process does next is not watched
         return summary
 
     def _records_last_loss(self) -> float | None:

@@ -1,9 +1,4 @@
-"""Heartbeats and stall detection: a stuck rank ends the job within `timeout_s`, by name.
-
-    # in a training loop (the built-in Trainer already does this)
-    watchdog.start(rt, model, optimizer)     # once, after runtime.setup()
-    for batch in loader:
-        watchdog.beat(step)                  # a few attribute writes: no I/O, no collective
+"""Stall detection: a stuck rank ends the job within `timeout_s`, by name.
 
     # in the launcher (disttrain.launch already does this)
     with Watchdog("127.0.0.1", port, world_size=2, timeout_s=30, on_stall=report):
@@ -17,10 +12,10 @@ Why: a rank that is SIGSTOPped, deadlocked, or stuck in a collective makes every
 rank wait for it, and torch's only guard is the collective timeout (30 minutes unless
 set), whose error comes from a rank that was *waiting*, not from the stuck one (anchors
 §3 #6, #11). So every rank keeps in memory where it is (optimizer step and phase:
-forward, backward, optimizer, checkpoint, eval) and a daemon thread publishes that to
-the job's c10d store as `disttrain/hb/<rank>` every `interval_for(timeout_s)` seconds;
-the hot loop never touches the network. The launcher's `Watchdog` thread reads the keys
-and, when a rank has made no progress for `timeout_s`, reports
+forward, backward, optimizer, checkpoint, eval) and publishes it to the job's c10d
+store (`disttrain.heartbeat`: a daemon thread, the hot loop never touches the network).
+The launcher's `Watchdog` thread reads those records and, when a rank has made no
+progress for `timeout_s`, reports
 `rank 1 (pid …, host …) made no progress for 30 s; last seen: step 17, phase backward`
 and SIGKILLs it; torchrun's agent then fails the job (or restarts it, --max-restarts).
 Where no disttrain launcher runs (plain `torchrun -m disttrain.worker` in a pod), rank 0
@@ -35,15 +30,11 @@ since the others are waiting in a collective for it. Collectives get a grace on 
 `timeout_s` (`collective_timeout_s`) so that this watchdog, which knows the rank and
 phase, fires before a waiting rank's collective times out with a less useful error.
 Why not torch's FileTimer, health checks or monitored_barrier: docs/resilience.md.
-
-The heartbeat is also where the test-only fault hook fires (`disttrain.faults`,
-`DISTTRAIN_FAULT=kill:rank=1:step=17`), so injected failures land at exact steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import signal
@@ -53,209 +44,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from disttrain.faults import Fault
+from disttrain.heartbeat import KEY_PREFIX, PHASE_ORDER, interval_for, store_client
 
-if TYPE_CHECKING:
-    import torch
-
-    from disttrain.runtime import Runtime
-
-KEY_PREFIX = "disttrain/hb/"
 # Set (to any value) when something else watches the job, so rank 0 does not:
 # `launcher` by `disttrain run`, `off` by a user who wants no in-job watchdog.
 ENV_WATCHDOG = "DISTTRAIN_WATCHDOG"
 # What rank 0 exits with after reporting a stall: what `disttrain run` returns for one.
 STALL_EXIT_CODE = 1
-# Order of phases within one optimizer step: the rank furthest behind is the one the
-# others wait for. `step` is the value of `beat(step)`: optimizer steps completed.
-PHASE_ORDER = {"setup": 0, "resume": 1, "eval": 2, "checkpoint": 3, "forward": 4,
-               "backward": 5, "optimizer": 6, "between steps": 7, "finish": 8}
 
 
-def interval_for(timeout_s: float) -> float:
-    """How often heartbeats are published and read: 1/20 of the timeout, 0.1 s to 2 s."""
-    return min(2.0, max(0.1, timeout_s / 20))
-
-
-def collective_timeout_s(timeout_s: float) -> float:
-    """The process group's timeout: `timeout_s` plus a grace (10 %, 2 s to 30 s).
-
-    The grace lets the watchdog name the stuck rank before a rank waiting for it times
-    out in the collective; without a watchdog (plain torchrun) the job still ends then.
-    """
-    return timeout_s + min(30.0, max(2.0, 0.1 * timeout_s))
-
-
-# -- the rank side: heartbeat ---------------------------------------------------------
-class Heartbeat:
-    """Where this rank is, in memory; a daemon thread publishes it to the store.
-
-    `beat` and the model/optimizer hooks only assign attributes (sub-microsecond), so
-    the training loop pays no I/O; the thread's `store.set` (~15 µs) runs once per
-    interval. `seq` counts progress marks; `alive` counts publications, so a reader can
-    tell a frozen process (neither moves) from one stuck while alive (only `alive` does).
-    """
-
-    def __init__(self, rank: int, restart: int = 0, fault: Fault | None = None) -> None:
-        self.rank, self.restart = rank, restart
-        self.pid, self.host = os.getpid(), socket.gethostname()
-        self.step, self.phase, self.seq, self.alive = 0, "setup", 0, 0
-        armed = fault is not None and fault.rank == rank and fault.restart == restart
-        self._fault = fault if armed else None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._store: Any = None
-        self._hooks: list[Any] = []
-
-    def beat(self, step: int, phase: str = "forward") -> None:
-        """Progress: `step` optimizer steps done, now in `phase` (default: starting a
-        micro-batch's forward)."""
-        self.step, self.phase = step, phase
-        self.seq += 1
-        if self._fault is not None:
-            self._check_fault()
-
-    def mark(self, phase: str) -> None:
-        """Progress within the current step (called by the hooks)."""
-        self.phase = phase
-        self.seq += 1
-        if self._fault is not None:
-            self._check_fault()
-
-    def _check_fault(self) -> None:
-        f = self._fault
-        if f is not None and self.step == f.step and f.phase in (None, self.phase):
-            self._fault = None
-            f.fire(f"step {self.step}, phase {self.phase}", self.flush)
-
-    def record(self) -> dict[str, Any]:
-        return {"rank": self.rank, "pid": self.pid, "host": self.host,
-                "restart": self.restart, "step": self.step, "phase": self.phase,
-                "seq": self.seq, "alive": self.alive, "t": round(time.time(), 3)}
-
-    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-        """Phase marks from hooks: backward (the first gradient of a step), optimizer.
-
-        `beat(step)` marks forward. Module forward hooks are not used: they move every
-        call onto nn.Module's slow path (+16 µs per step measured here); a gradient hook
-        on the parameter whose gradient comes first (normally the last one) and the
-        optimizer's step hooks cost under a microsecond.
-        """
-        params = [p for p in model.parameters() if p.requires_grad]
-        if params and hasattr(params[-1], "register_post_accumulate_grad_hook"):
-            with contextlib.suppress(RuntimeError):
-                self._hooks.append(params[-1].register_post_accumulate_grad_hook(
-                    lambda _: self.mark("backward")))
-        if optimizer is not None:
-            self._hooks += [
-                optimizer.register_step_pre_hook(lambda *_: self.mark("optimizer")),
-                optimizer.register_step_post_hook(lambda *_: self.mark("between steps")),
-            ]
-
-    def publish(self, store: Any, interval: float) -> None:
-        """Start the daemon thread that writes `record()` to `store` every `interval` s."""
-        self._store = store
-
-        def loop() -> None:
-            while True:
-                try:
-                    self.flush()
-                except Exception:  # the store is gone: the job is ending
-                    return
-                if self._stop.wait(interval):
-                    return
-
-        self._thread = threading.Thread(target=loop, name="disttrain-heartbeat", daemon=True)
-        self._thread.start()
-
-    def flush(self) -> None:
-        """Publish the current record now (the thread does this every interval)."""
-        if self._store is not None:
-            self.alive += 1
-            self._store.set(f"{KEY_PREFIX}{self.rank}", json.dumps(self.record()))
-
-    def stop(self) -> None:
-        """Publish phase `done` (never judged: what the process does next is not
-        training), stop publishing and remove the hooks (idempotent)."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        if self._thread is not None and self.phase != "done":
-            self.phase = "done"
-            with contextlib.suppress(Exception):
-                self.flush()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
-
-
-_current: Heartbeat | None = None
-
-
-def start(rt: Runtime, model: torch.nn.Module | None = None,
-          optimizer: torch.optim.Optimizer | None = None) -> Heartbeat:
-    """Begin this rank's heartbeat (replacing an earlier one); publish when distributed.
-
-    Args:
-        rt: the runtime from `runtime.setup()`; its MASTER_ADDR/PORT store is the job's.
-        model: a gradient hook on it marks the backward phase.
-        optimizer: hooks on it mark the optimizer phase.
-
-    Returns:
-        The heartbeat; `beat(step)` updates it from anywhere in this process.
-    """
-    global _current
-    stop()
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    hb = Heartbeat(rt.rank, restart, Fault.from_env())
-    if model is not None:
-        hb.attach(model, optimizer)
-    if rt.distributed and rt.world_size > 1 and rt.env.launched:
-        store = _client(rt.env.master_addr, rt.env.master_port, rt.timeout_s)
-        if store is not None:
-            hb.publish(store, interval_for(rt.timeout_s))
-    _current = hb
-    return hb
-
-
-def beat(step: int, phase: str = "forward") -> None:
-    """Mark progress of this rank's heartbeat; a no-op before `start`."""
-    hb = _current
-    if hb is not None:
-        hb.beat(step, phase)
-
-
-def stop() -> None:
-    """Stop this process's heartbeat, if any."""
-    global _current
-    if _current is not None:
-        _current.stop()
-        _current = None
-
-
-def _client(host: str, port: int, timeout_s: float) -> Any:
-    """A TCPStore client of the job's store, or None when it does not answer.
-
-    A plain socket probe comes first: a TCPStore client that cannot connect retries
-    and prints C++ stack traces, which must not land in the user's log.
-    """
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            pass
-    except OSError:
-        return None
-    import torch.distributed as dist
-
-    try:
-        return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=max(5.0, min(timeout_s, 60.0))))
-    except Exception:
-        return None
-
-
-# -- the launcher side: watchdog ------------------------------------------------------
 @dataclass(frozen=True)
 class Stall:
     """A rank that made no progress for the timeout, and where it was."""
@@ -448,7 +247,7 @@ class Watchdog:
                 store = None  # no store (yet, or any more): nothing to read
                 continue
             if store is None:
-                store = _client(self.host, self.port, self.timeout_s)
+                store = store_client(self.host, self.port, self.timeout_s)
                 if store is None:
                     continue
             try:
