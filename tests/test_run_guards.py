@@ -59,6 +59,20 @@ def test_bad_combination_exits_2_and_leaves_run_dir(tmp_path, args, needles):
     assert earlier.read_text() == "earlier run\n"
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_env_launcher_dp_with_world_size_2_exits_2(tmp_path, rank):
+    """Each rank is its own `disttrain run`: both refuse before touching the run dir."""
+    earlier = tmp_path / "runs" / "disttrain" / "metrics.jsonl"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("earlier run\n")
+    env = {"WORLD_SIZE": "2", "RANK": rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    res = run_cli("run", "--launcher", "env", "--strategy", "dp", cwd=tmp_path, timeout=60, env=env)
+    assert res.returncode == 2, res.stderr
+    assert "WORLD_SIZE=2: strategy dp is ONE process" in res.stderr
+    assert "--strategy ddp" in res.stderr and "Traceback" not in res.stderr
+    assert earlier.read_text() == "earlier run\n"
+
+
 def test_script_is_not_held_to_builtin_strategy_rules(tmp_path):
     (tmp_path / "train.py").write_text("print('hi')\n")
     res = run_cli("run", "train.py", "--strategy", "dp", "--nproc-per-node", "2", "--dry-run",

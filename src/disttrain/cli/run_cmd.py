@@ -120,6 +120,17 @@ def _check_strategy(spec: Any) -> None:
     if cfg.strategy == "dp" and spec.launch.nnodes > 1:
         fail(f"launch.nnodes: strategy dp is one process on one machine, not {spec.launch.nnodes} "
              f"nodes; use --strategy ddp across nodes")
+    if cfg.strategy == "dp" and spec.launch.launcher == "env":
+        from disttrain.runtime import DistEnvError, read_env
+
+        try:
+            world = read_env().world_size
+        except DistEnvError as exc:
+            fail(f"--launcher env: {exc}")
+        if world > 1:
+            fail(f"WORLD_SIZE={world}: strategy dp is ONE process that drives all visible GPUs "
+                 f"(nn.DataParallel), so there is nothing for other ranks to do; set "
+                 f"WORLD_SIZE=1, or use --strategy ddp (one process per GPU, recommended)")
     if cfg.strategy == "fsdp" and cfg.comm_hook == "powersgd":
         fail("train.comm_hook: powersgd is a DDP comm hook and FSDP has none; "
              "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
