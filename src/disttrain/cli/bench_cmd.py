@@ -211,7 +211,7 @@ def overhead(nproc: int, plain_script: str | None, plain_loader: str, **kw: Any)
     s = summary
     click.echo(f"Trainer / plain DDP samples/s: median {s['ratio_median']:.3f} "
                f"(min {s['ratio_min']:.3f} .. max {s['ratio_max']:.3f}) over {s['rounds']} rounds, "
-               f"{nproc} processes")
+               f"{nproc} process{'es' if nproc != 1 else ''}")
     click.echo(f"medians: Trainer {s['trainer_samples_per_s']:,.0f}, plain "
                f"{s['plain_samples_per_s']:,.0f} samples/s; first step after "
                f"{s['trainer_first_step_s']} s vs {s['plain_first_step_s']} s")
