@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from disttrain.comm_hooks import CommStats, register_comm_hook
-from disttrain.data import ShardedLoader, Splits, load_dataset
+from disttrain.data import ShardedLoader, Splits, is_warm, load_dataset
 from disttrain.models import build_model
 from disttrain.report import RunWriter
 from disttrain.runtime import Runtime, seed_everything
@@ -145,6 +145,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, writer: RunWriter | None = None) -
         "comm_hook": cfg.comm_hook if strategy in ("ddp", "fsdp") else "none",
         "optimizer": _describe(optimizer), "torch_version": torch.__version__,
         "train_samples": len(splits.train_x), "test_samples": len(splits.test_x),
+        "data_preloaded": is_warm(splits),
         "allreduce_bytes_per_step": fsdp_bytes,
         "run_dir": spec.run_dir, "notes": notes,
     }

@@ -172,9 +172,18 @@ def load_seed002(num_samples: int = 2048, input_size: int = 1000, seed: int = 12
     return Splits(x[:num_samples], y[:num_samples], x[num_samples:], y[num_samples:])
 
 
+# Data loaded by the warm fork server before it forks the workers (`warm_dataset`): the
+# forks share these tensors' pages read-only (copy-on-write), so N local workers hold one
+# copy and none of them spends start-up time making it.
+_warm: dict[tuple[str, str | None, int | None, int | None], Splits] = {}
+
+
 def load_dataset(example: str, *, data_dir: str | None = None, download: bool = False,
                  num_samples: int | None = None, input_size: int | None = None) -> Splits:
-    """The data of a built-in example."""
+    """The data of a built-in example (the fork server's copy when it made this one)."""
+    warm = _warm.get((example, data_dir, num_samples, input_size))
+    if warm is not None:
+        return warm
     if example == "digits":
         return load_digits()
     if example == "mnist":
@@ -184,6 +193,28 @@ def load_dataset(example: str, *, data_dir: str | None = None, download: bool = 
     if example == "seed002":
         return load_seed002(num_samples or 2048, input_size or 1000)
     raise DatasetError(f"unknown dataset {example!r}; choose digits, mnist, synthetic or seed002")
+
+
+def warm_dataset(example: str, data_dir: str | None = None, num_samples: int | None = None,
+                 input_size: int | None = None) -> bool:
+    """Load a built-in example's data into this process for its forks (never downloads).
+
+    Called by the warm fork server (`disttrain.preload`) while it imports torch._dynamo,
+    on the core the launcher leaves idle then. Returns False when the data cannot be
+    loaded without a download (the workers then load it themselves and report why).
+    """
+    try:
+        splits = load_dataset(example, data_dir=data_dir, num_samples=num_samples,
+                              input_size=input_size)
+    except Exception:  # a worker loads it again and reports the cause
+        return False
+    _warm[(example, data_dir, num_samples, input_size)] = splits
+    return True
+
+
+def is_warm(splits: Splits) -> bool:
+    """Whether these splits are the fork server's shared copy."""
+    return any(splits is s for s in _warm.values())
 
 
 Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]

@@ -23,6 +23,7 @@ to the launcher (without it, rank 0 would watch as it does under plain torchrun)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -116,11 +117,20 @@ def _process_start() -> float:
         return time.time()
 
 
-def prewarm_workers() -> bool:
+# The built-in job's dataset, for the warm fork server to load (`disttrain.preload`).
+WARM_DATASET_ENV = "DISTTRAIN_WARM_DATASET"
+
+
+def prewarm_workers(dataset: dict[str, Any] | None = None) -> bool:
     """Start the warm fork server for built-in-job workers (see `disttrain.preload`).
 
     Call before importing torch in the launcher, so both imports overlap. Returns False
     where fork servers do not exist (non-POSIX).
+
+    Args:
+        dataset: keyword arguments of `disttrain.data.warm_dataset` (the built-in job's
+            data), for the server to load once for all its forks; only the call that
+            starts the server passes them on.
     """
     import multiprocessing
     import multiprocessing.forkserver as forkserver
@@ -128,7 +138,12 @@ def prewarm_workers() -> bool:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
     multiprocessing.set_forkserver_preload(["disttrain.preload"])
-    forkserver.ensure_running()
+    if dataset is not None:  # the server inherits this environment when it starts
+        os.environ[WARM_DATASET_ENV] = json.dumps(dataset)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(WARM_DATASET_ENV, None)
     return True
 
 

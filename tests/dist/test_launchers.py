@@ -40,9 +40,12 @@ print("world", rt.world_size, "rank", rt.rank, "sha", summary["params_sha256"])
 """
 
 
-def _sha(run_dir: Path) -> str:
+def _sha(run_dir: Path, preloaded: bool = False) -> str:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["params_in_sync"] is True
+    # Only torchrun's workers are forks of the warm fork server, which loads the data
+    # once for both; the same params below show its copy is the data the others load.
+    assert summary["data_preloaded"] is preloaded
     return summary["params_sha256"]
 
 
@@ -77,7 +80,7 @@ def shas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     res = run_cli("run", *JOB, "--master-port", "0", "--run-dir", "torchrun", cwd=cwd)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "lr warm-up: linear" in res.stdout and "lr 0.001 -> 0.002 (linear)" in res.stdout
-    out["torchrun"] = _sha(cwd / "torchrun")
+    out["torchrun"] = _sha(cwd / "torchrun", preloaded=True)
 
     res = run_cli("run", *JOB, "--launcher", "spawn", "--master-port", "0", "--run-dir", "spawn",
                   cwd=cwd)

@@ -30,14 +30,14 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
     """Train the built-in job (default: SimpleNet on digits, DDP over 2 processes),
     the job in a spec file, or SCRIPT under torchrun (arguments after `--`)."""
     overrides = collect_overrides(kwargs)
-    if not script and not dry_run:
-        _prewarm(spec_file, overrides)
     if script:
         overrides["script"] = script
         overrides["example"] = None
     if script_args:
         overrides["args"] = list(script_args)
     spec = load_spec(spec_file, overrides)
+    if not dry_run:
+        _prewarm(spec)
     if "master_port" in overrides or _file_sets_port(spec_file):
         spec.launch.port_explicit = True
     _check_inputs(spec)
@@ -50,28 +50,31 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
     raise click.exceptions.Exit(_run(spec))
 
 
-def _prewarm(spec_file: str | None, overrides: dict[str, Any]) -> None:
-    """Start the workers' warm fork server now, before this process imports torch."""
-    if overrides.get("launcher", "torchrun") != "torchrun" or spec_file:
-        return  # a spec file may name a script or another launcher: decide after loading
+def _prewarm(spec: Any) -> None:
+    """Start the workers' warm fork server now, before this process imports torch, and
+    let it load the job's dataset once for all local workers (`disttrain.preload`)."""
+    if spec.launch.launcher != "torchrun" or spec.script:
+        return
     import os
 
-    for k, v in worker_env_early(overrides).items():
+    for k, v in worker_env_early(spec).items():
         os.environ.setdefault(k, v)
     from disttrain.launch import prewarm_workers
 
-    prewarm_workers()
+    cfg = spec.train
+    prewarm_workers({"example": spec.workload, "data_dir": cfg.data_dir,
+                     "num_samples": cfg.num_samples, "input_size": cfg.input_size})
 
 
-def worker_env_early(overrides: dict[str, Any]) -> dict[str, str]:
-    """OMP_NUM_THREADS and the start clock, which the fork server must inherit."""
+def worker_env_early(spec: Any) -> dict[str, str]:
+    """OMP_NUM_THREADS, which the fork server must inherit (as `launch.worker_env`; without
+    asking torch how many GPUs there are: that import is what the server overlaps)."""
     import os
 
-    nproc = overrides.get("nproc_per_node", "auto")
-    auto = 1 if overrides.get("strategy") == "dp" else 2  # as launch_argv.resolve_nproc
-    n = nproc if isinstance(nproc, int) else auto
+    nproc = spec.launch.nproc_per_node
+    n = int(nproc) if nproc != "auto" else 1 if spec.train.strategy == "dp" else 2
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = overrides.get("threads") or max(1, (cores or 1) // n)
+    threads = spec.train.threads or max(1, (cores or 1) // n)
     return {"OMP_NUM_THREADS": str(threads)}
 
 
