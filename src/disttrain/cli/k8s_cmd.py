@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from disttrain.cli.options import SpecFile, collect_overrides, fail, load_spec, spec_options
+from disttrain.cli.options import SpecFile, fail, job_overrides, load_spec, spec_options
 
 CTX = {"help_option_names": ["-h", "--help"]}
 T = TypeVar("T")
@@ -83,13 +83,7 @@ def _job_args(fn: Any) -> Any:
 
 def _load(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
           kwargs: dict[str, Any]) -> Any:
-    overrides = collect_overrides(kwargs)
-    if script:
-        overrides["script"] = script
-        overrides["example"] = None
-    if script_args:
-        overrides["args"] = list(script_args)
-    return load_spec(spec_file, overrides)
+    return load_spec(spec_file, job_overrides(script, script_args, kwargs))
 
 
 def _render(spec: Any, *, local: bool = False) -> Any:

@@ -136,6 +136,18 @@ def collect_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
+def job_overrides(script: str | None, script_args: tuple[str, ...],
+                  kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The spec flags plus SCRIPT and its arguments (a script replaces the built-in job)."""
+    overrides = collect_overrides(kwargs)
+    if script:
+        overrides["script"] = script
+        overrides["example"] = None
+    if script_args:
+        overrides["args"] = list(script_args)
+    return overrides
+
+
 def fail(message: str) -> typing.NoReturn:
     """Bad input: one clear message, exit 2, no traceback."""
     raise click.exceptions.Exit(_print_error(message))

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from disttrain.cli.options import SpecFile, collect_overrides, fail, load_spec, spec_options
+from disttrain.cli.options import SpecFile, fail, job_overrides, load_spec, spec_options
 
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs")
 
@@ -29,12 +29,7 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
         dry_run: bool, **kwargs: Any) -> None:
     """Train the built-in job (default: SimpleNet on digits, DDP over 2 processes),
     the job in a spec file, or SCRIPT under torchrun (arguments after `--`)."""
-    overrides = collect_overrides(kwargs)
-    if script:
-        overrides["script"] = script
-        overrides["example"] = None
-    if script_args:
-        overrides["args"] = list(script_args)
+    overrides = job_overrides(script, script_args, kwargs)
     spec = load_spec(spec_file, overrides)
     if not dry_run:
         _prewarm(spec)
