@@ -30,8 +30,10 @@ test: install-test
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks examples
 
+## make bench: the Trainer beside a plain DDP loop, then 1 vs 2 processes (docs/performance.md)
 bench: install
-	$(PY) benchmarks/overhead.py
+	$(VENV)/bin/disttrain bench overhead --rounds 3
+	$(VENV)/bin/disttrain bench scaling --rounds 3
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
