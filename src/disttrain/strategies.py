@@ -12,7 +12,6 @@ Comm hooks live in `disttrain.comm_hooks`, FSDP and its checkpoints in `disttrai
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,12 +216,9 @@ def params_sha256(model: nn.Module) -> str:
 
     For FSDP the parameters are gathered first, so every rank must call it.
     """
-    h = hashlib.sha256()
-    for name, t in model_state_dict(model).items():
-        h.update(name.encode())
-        if isinstance(t, torch.Tensor):
-            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    from disttrain.sync_check import digest
+
+    return digest(model_state_dict(model).items())
 
 
 def enable_grad_ckpt(model: nn.Module) -> str:

@@ -32,7 +32,8 @@ from disttrain.data import ShardedLoader, eval_shard
 from disttrain.report import RunWriter
 from disttrain.runtime import Runtime
 from disttrain.spec import TrainSpec
-from disttrain.strategies import eval_module, is_fsdp, no_sync, params_sha256, unwrap
+from disttrain.strategies import eval_module, is_fsdp, no_sync, unwrap
+from disttrain.sync_check import check_in_sync
 from disttrain.tuning import Precision
 
 FLUSH_RECORDS = 50  # gather logged losses to rank 0 every this many records (one collective)
@@ -310,17 +311,20 @@ class Trainer:
                table: EpochTable) -> dict[str, Any]:
         """Hash-compare parameters over ranks and write summary.json / loss.png."""
         heartbeat.beat(self.state.step, "finish")
-        digest = params_sha256(self.model)
-        hashes = self.rt.all_gather_object(digest)
-        in_sync = len(set(hashes)) == 1
+        # The whole state_dict, as params_sha256 always was (the built-in models have no
+        # buffers); names the rank and tensor when they differ.
+        sync = check_in_sync(self.model, "state")
+        if not sync.in_sync:
+            self.rt.print0(f"warning: {sync.describe()}")
         final = self._records_last_loss()
         summary = {
             **{k: (str(v) if k == "run_dir" else v) for k, v in self.info.items()},
             "epochs": self.state.epoch, "steps": self.state.step, "final_loss": final,
             "test_loss": last_eval[0], "test_accuracy": last_eval[1],
             "samples_per_s": samples_per_s,
-            "params_sha256": digest, "params_in_sync": in_sync,
-            "params_sha256_per_rank": hashes, "wall_s": round(wall_s, 3),
+            "params_sha256": sync.digests[self.rt.rank], "params_in_sync": sync.in_sync,
+            "params_sha256_per_rank": sync.digests, "wall_s": round(wall_s, 3),
+            **({} if sync.in_sync else {"params_divergence": sync.as_dict()}),
             **(self.comm.summary() if self.comm is not None else {}),
         }
         if self.writer:
