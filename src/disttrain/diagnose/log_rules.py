@@ -98,6 +98,17 @@ CAUSES: dict[str, tuple[str, str]] = {
         "killer). Raise resources.limits.memory, lower DataLoader num_workers/prefetch and "
         "in-memory datasets, load checkpoints with map_location='cpu'. A kill from outside "
         "(preemption, `kubectl delete`) looks the same."),
+    "cpp_abort": (
+        "a rank aborted in C++: std::terminate with no exception (SIGABRT)",
+        "A C++ thread object was destroyed while its thread still ran. When the log shows "
+        "the run had finished (final metrics before the abort, no Python frame in the "
+        "dump), the process group was still alive in interpreter teardown: with torch "
+        "2.13, importing torch._dynamo (every optimizer does, on construction) after "
+        "init_process_group keeps the group and gloo's threads alive past "
+        "destroy_process_group. Import torch._dynamo before init_process_group "
+        "(`disttrain.runtime.setup` does) and call destroy_process_group at the end. "
+        "Otherwise take the native stack (`gdb -p PID`, or a core dump with `ulimit -c "
+        "unlimited`) and report it with the torch version."),
     "duplicate_gpu": (
         "two ranks share one GPU (NCCL: Duplicate GPU detected)",
         "Each NCCL rank needs its own GPU. Bind rank to device with LOCAL_RANK "
@@ -319,6 +330,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"Timed out waiting \d+ms for (?:recv|send) operation|Some NCCL operations have "
          r"failed or timed out|watchdog got stuck for \d+ seconds|timed out in "
          r"monitoredBarrier|failed to pass monitoredBarrier|NCCL timeout"),
+    # -- cpp_abort: a rank's own death, as a SIGKILL is -------------------------------------
+    _sig("cpp_abort", RANK, r"terminate called without an active exception"),
     # -- worker_killed -----------------------------------------------------------------------
     _sig("worker_killed", CONSEQUENCE, r"DataLoader worker \(pid\(s\) [\d, ]+\) exited "
          r"unexpectedly",
