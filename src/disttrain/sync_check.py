@@ -152,7 +152,9 @@ def check_in_sync(model: nn.Module, what: What = "params") -> SyncReport:
     process group it reports a single, trivially consistent rank.
 
     Args:
-        model: the bare model or its DDP / FSDP / DataParallel wrapper.
+        model: the bare model or its DDP / FSDP / DataParallel wrapper. Under FSDP the
+            full parameters are gathered; each shard exists once, so only replicated
+            tensors (buffers, hybrid sharding's replicas across nodes) can differ.
         what: "params" (after an optimizer step), "grads" (after backward, before
             `optimizer.step()`) or "state" (parameters and buffers, what a checkpoint holds).
 

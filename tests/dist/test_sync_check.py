@@ -63,6 +63,20 @@ def _scenarios() -> dict[str, dict]:
         with torch.no_grad():
             bare[0].weight.mul_(2)
     out["not_wrapped"] = check_in_sync(bare).as_dict()
+
+    from disttrain.strategies import WrapOptions, wrap
+
+    sharded = wrap(_model(), "fsdp", rt, WrapOptions(fsdp_min_params=1))
+    out["fsdp_params"] = check_in_sync(sharded).as_dict()  # gathers the full parameters
+    if rt.rank == 1:
+        with torch.no_grad():
+            next(iter(sharded.parameters())).add_(1.0)  # the only copy of this shard
+    out["fsdp_shard_changed"] = check_in_sync(sharded).as_dict()
+    try:
+        check_in_sync(sharded, "grads")
+        out["fsdp_grads"] = "accepted"
+    except ValueError as exc:
+        out["fsdp_grads"] = str(exc)
     return out
 
 
@@ -106,6 +120,16 @@ def test_unwrapped_models_with_different_weights_are_caught(reports):
     r = reports[0]["not_wrapped"]
     assert r["diverged_ranks"] == [1] and r["first_diverged"] == "0.weight"
     assert r["max_abs_diff"] > 0
+
+
+def test_fsdp_parameters_are_gathered_and_compared(reports):
+    """Each FSDP shard exists once, so every rank gathers the same full parameters even
+    after one rank changed its shard: that is a different model, not a desync."""
+    assert reports[0]["fsdp_params"]["in_sync"] is True
+    changed = reports[0]["fsdp_shard_changed"]
+    assert changed["in_sync"] is True
+    assert changed["digests"][0] != reports[0]["fsdp_params"]["digests"][0]
+    assert "FSDP shards gradients" in reports[0]["fsdp_grads"]
 
 
 def test_single_process_is_trivially_in_sync():
