@@ -63,6 +63,24 @@ def test_frozen_rank_is_blamed_not_the_one_waiting_for_it(sleeper):
     assert "not running" in stall.message and "waiting for it: rank 0" in stall.message
 
 
+def test_rank1_backup_acts_only_on_a_frozen_rank0(sleeper):
+    """The backup watch (ranks=(0,), frozen_only) leaves an alive rank 0 to its own
+    watchdog, ignores the other ranks, and names rank 0 once its process stopped."""
+    wd = Watchdog("127.0.0.1", 1, world_size=1, timeout_s=10, kill=False, ranks=(0,),
+                  frozen_only=True)
+    a, b = sleeper(), sleeper()
+    for t in range(0, 13):  # rank 0 waits alive (publisher runs); rank 1 is frozen
+        wd.observe({0: rec(0, a, 17, "backward", 5, t), 1: rec(1, b, 17, "backward", 5, 1)},
+                   now=t)
+    assert wd.judge(now=12) is None, "an alive rank 0 watches for itself; rank 1 is not ours"
+    for t in range(13, 26):  # now rank 0's publisher stops too: the whole process stopped
+        wd.observe({0: rec(0, a, 17, "backward", 5, 12)}, now=t)
+    stall = wd.judge(now=25)
+    assert stall is not None and stall.rank == 0 and stall.frozen
+    line = stall_line(stall, ends_job=True, exiting_rank=1)
+    assert line.endswith("ending the job (rank 1 exits with code 1)")
+
+
 def test_rank_furthest_behind_is_blamed_when_all_are_alive(sleeper):
     wd = Watchdog("127.0.0.1", 1, world_size=3, timeout_s=10, kill=False)
     pids = [sleeper() for _ in range(3)]

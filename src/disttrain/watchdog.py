@@ -118,6 +118,10 @@ class Watchdog:
         exit_code: after acting, end this process with it (`os._exit`). For a watchdog
             inside rank 0: its exit makes torchrun's agent stop the job at once, also
             when the stalled rank is on another host, or is rank 0 itself.
+        ranks: judge only these ranks (default: all of `world_size`).
+        frozen_only: act only on a rank whose whole process stopped (its publisher
+            thread too), not on one that is alive but waiting: rank 1's backup watch of
+            rank 0, whose own watchdog covers every other case.
 
     Staleness is measured on this process's monotonic clock from when a change was
     first seen, so clocks of other hosts do not matter.
@@ -131,6 +135,8 @@ class Watchdog:
     kill: bool = True
     interval: float | None = None
     exit_code: int | None = None
+    ranks: tuple[int, ...] | None = None
+    frozen_only: bool = False
     stalls: list[Stall] = field(default_factory=list, init=False)
     _seen: dict[int, _Seen] = field(default_factory=dict, init=False)
     _killed: set[int] = field(default_factory=set, init=False)
@@ -167,9 +173,14 @@ class Watchdog:
         """The rank to blame when one has made no progress for `timeout_s`, else None."""
         rows = []
         for rank, seen in self._seen.items():
+            if self.ranks is not None and rank not in self.ranks:
+                continue
             if seen.record.get("phase") == "done" or not self._running(seen.record):
                 continue  # finished training, or exited: torchrun's agent handles that
-            rows.append((rank, seen, now - seen.progress_at, now - seen.alive_at > self.frozen_after))
+            frozen = now - seen.alive_at > self.frozen_after
+            if self.frozen_only and not frozen:
+                continue
+            rows.append((rank, seen, now - seen.progress_at, frozen))
         if not any(stale >= self.timeout_s for _, _, stale, _ in rows):
             return None
         suspects = [r for r in rows if r[2] >= self.timeout_s / 2]
@@ -262,7 +273,7 @@ class Watchdog:
                 self.act(stall)
 
     def _read(self, store: Any, found: set[int]) -> dict[int, dict[str, Any]]:
-        for rank in range(self.world_size):
+        for rank in self.ranks if self.ranks is not None else range(self.world_size):
             if rank not in found and store.check([f"{KEY_PREFIX}{rank}"]):
                 found.add(rank)
         ranks = sorted(found)
@@ -276,12 +287,12 @@ class Watchdog:
         return out
 
 
-def stall_line(stall: Stall, ends_job: bool = False) -> str:
-    """The one-line report of a stall, as the launcher and rank 0 print it (and
-    `disttrain doctor logs` reads it back)."""
+def stall_line(stall: Stall, ends_job: bool = False, exiting_rank: int = 0) -> str:
+    """The one-line report of a stall, as the launcher and rank 0 (or rank 1, watching
+    rank 0) print it (and `disttrain doctor logs` reads it back)."""
     action = "; stopping it" if stall.local else ""
     if ends_job:
-        action += f"; ending the job (rank 0 exits with code {STALL_EXIT_CODE})"
+        action += f"; ending the job (rank {exiting_rank} exits with code {STALL_EXIT_CODE})"
     return f"error: {stall.message}{action}"
 
 
@@ -299,6 +310,21 @@ def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float) -> 
 
     return Watchdog(host, port, world_size=world_size, timeout_s=timeout_s, on_stall=report,
                     exit_code=STALL_EXIT_CODE)
+
+
+def rank0_backup_watchdog(host: str, port: int, timeout_s: float) -> Watchdog:
+    """The watchdog rank 1 runs beside rank 0's (plain torchrun): it watches rank 0 alone
+    and acts only when rank 0's whole process stopped (SIGSTOP, a C call holding the
+    GIL), the one case where rank 0 cannot watch. It reports, kills rank 0 when it is
+    on this host, and exits rank 1 with `STALL_EXIT_CODE`, so torchrun's agent stops
+    the job instead of waiting for a collective timeout.
+    """
+    def report(stall: Stall) -> None:
+        print(stall_line(stall, ends_job=True, exiting_rank=1), file=sys.stderr, flush=True)
+        _record_for_torchrun(RankStalled(stall.message))
+
+    return Watchdog(host, port, world_size=1, timeout_s=timeout_s, on_stall=report,
+                    exit_code=STALL_EXIT_CODE, ranks=(0,), frozen_only=True)
 
 
 class RankStalled(RuntimeError):

@@ -5,8 +5,9 @@ RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* set; `run_worker` is the same thing as
 function, which the local launcher forks so workers need not import torch again.
 
 Under plain torchrun (the pod command) no disttrain launcher watches the heartbeats, so
-rank 0 does (`disttrain.watchdog.in_job_watchdog`): a stalled rank is named and the job
-ends within `launch.timeout_s`. `disttrain run` sets DISTTRAIN_WATCHDOG to keep it off.
+rank 0 does (`disttrain.watchdog.in_job_watchdog`), and rank 1 watches rank 0 in case
+rank 0's own process stops: a stalled rank is named and the job ends within
+`launch.timeout_s`. `disttrain run` sets DISTTRAIN_WATCHDOG to keep them off.
 """
 
 from __future__ import annotations
@@ -42,18 +43,24 @@ def elastic_entry(spec_data: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _rank0_watchdog(timeout_s: float) -> Iterator[None]:
-    """On rank 0 of a multi-rank job nobody else watches, watch it while this runs."""
+    """In a multi-rank job nobody else watches, rank 0 watches every rank while this
+    runs, and rank 1 watches rank 0 for the one case rank 0 cannot cover: its own
+    process stopped (`watchdog.rank0_backup_watchdog`)."""
     from disttrain import runtime
-    from disttrain.watchdog import ENV_WATCHDOG, in_job_watchdog
+    from disttrain.watchdog import ENV_WATCHDOG, in_job_watchdog, rank0_backup_watchdog
 
     try:
         env = runtime.read_env()
     except runtime.DistEnvError:
         env = None  # runtime.setup reports it, naming the variable
-    if os.environ.get(ENV_WATCHDOG) or env is None or env.rank != 0 or env.world_size < 2:
+    if os.environ.get(ENV_WATCHDOG) or env is None or env.rank > 1 or env.world_size < 2:
         yield
         return
-    with in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s):
+    if env.rank == 0:
+        watch = in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s)
+    else:
+        watch = rank0_backup_watchdog(env.master_addr, env.master_port, timeout_s)
+    with watch:
         yield
 
 

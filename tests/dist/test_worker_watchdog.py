@@ -70,6 +70,27 @@ def test_stalled_rank_is_named_and_ends_the_job_without_a_launcher(tmp_path):
     print(f"\nstalled plain-torchrun job ended after {took:.1f} s")
 
 
+def test_stopped_rank0_is_named_by_rank1_and_ends_the_job(tmp_path):
+    """Rank 0 cannot watch when its own process is stopped: rank 1's backup watch does."""
+    code, out, took = _plain_torchrun(tmp_path, {"DISTTRAIN_FAULT": "stop:rank=0:step=3"})
+    stalled = re.search(r"fault injection .* stop rank 0 pid (\d+) ", out)
+    assert stalled, out[-4000:]
+    pid = int(stalled.group(1))
+    assert code != 0, out[-4000:]
+    named = re.findall(rf"error: rank 0 \(pid {pid}, host \S+\) made no progress for (\d+) s; "
+                       rf"last seen: step 3, phase \w+", out)
+    assert len(named) == 1 and int(named[0]) >= TIMEOUT_S, out[-4000:]
+    assert "ending the job (rank 1 exits with code 1)" in out
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    # torchrun's summary blames rank 0 (killed by rank 1's watch, in the same second as
+    # rank 1's exit); `doctor logs` reads rank 1's line and names rank 0's stall.
+    from disttrain.diagnose.logs import diagnose
+
+    d = diagnose(out)
+    assert (d.cause, d.rank) == ("collective_timeout", 0), d.title
+    print(f"\nplain-torchrun job with a stopped rank 0 ended after {took:.1f} s")
+
+
 def test_healthy_run_exits_0_without_a_report(tmp_path):
     code, out, took = _plain_torchrun(tmp_path)
     assert code == 0, out[-4000:]
@@ -91,7 +112,9 @@ def _unused_port() -> int:
 
 @pytest.mark.parametrize(("env", "watches"), [
     pytest.param({"RANK": "0", "WORLD_SIZE": "2"}, True, id="rank0-plain-torchrun"),
-    pytest.param({"RANK": "1", "WORLD_SIZE": "2"}, False, id="other-ranks"),
+    pytest.param({"RANK": "1", "WORLD_SIZE": "2"}, True, id="rank1-watches-rank0"),
+    pytest.param({"RANK": "2", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"}, False,
+                 id="other-ranks"),
     pytest.param({"RANK": "0", "WORLD_SIZE": "1"}, False, id="one-rank"),
     pytest.param({"RANK": "0", "WORLD_SIZE": "2", "DISTTRAIN_WATCHDOG": "launcher"}, False,
                  id="under-disttrain-run"),
@@ -99,7 +122,7 @@ def _unused_port() -> int:
                  id="turned-off"),
     pytest.param({"RANK": "x", "WORLD_SIZE": "2"}, False, id="bad-env-left-to-runtime"),
 ])
-def test_only_rank0_watches_and_only_without_the_launcher(monkeypatch, env, watches):
+def test_ranks_0_and_1_watch_and_only_without_the_launcher(monkeypatch, env, watches):
     from disttrain.worker import _rank0_watchdog
 
     monkeypatch.delenv("DISTTRAIN_WATCHDOG", raising=False)
