@@ -17,7 +17,6 @@ import argparse
 import ctypes
 import ctypes.util
 import datetime
-import importlib
 import logging
 import os
 import random
@@ -276,14 +275,6 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
         seed_everything(seed)
     owns = False
     if dist.is_available() and not dist.is_initialized():
-        # NOTE: torch._dynamo imported after the group exists keeps the group alive past
-        # destroy_process_group (measured, torch 2.13: gloo's threads still run after it),
-        # and every optimizer imports it on construction. A group left to interpreter
-        # teardown once aborted a rank of a finished run ("terminate called without an
-        # active exception"), which torchrun reports as a failed job. Imported first, it
-        # is released with the group; the import is paid by the first optimizer anyway.
-        importlib.import_module("torch._dynamo")
-
         timeout = datetime.timedelta(seconds=collective_timeout_s(timeout_s))
         if denv.launched:
             kwargs: dict[str, Any] = {}

@@ -37,9 +37,7 @@ def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # torch._dynamo too: runtime.setup imports it before creating the group (see there).
-    multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed",
-                                            "disttrain.runtime"])
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "disttrain.runtime"])
     port = free_port()
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"test-{uuid.uuid4().hex[:8]}",

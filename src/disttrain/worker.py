@@ -78,5 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit_now(code: int) -> None:
+    """End the process the way multiprocessing ends `disttrain run`'s workers: flush, then
+    `os._exit`, without interpreter teardown.
+
+    NOTE: with torch 2.13 the process group outlives `destroy_process_group` when
+    torch._dynamo was first imported after it was created (every optimizer imports it),
+    so gloo's threads still run while interpreter and C++ static teardown happen; one
+    rank of a finished plain-torchrun run aborted there ("terminate called without an
+    active exception", SIGABRT) and torchrun reported the job as failed. Making the
+    group die in `destroy_process_group` instead (importing torch._dynamo first) exposed
+    a deadlock in its destructor (it joins a gloo thread that waits for the GIL to free a
+    finished work's tensors), so the process leaves without teardown. Everything the run
+    writes is closed and flushed by then.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())

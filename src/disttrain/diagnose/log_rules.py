@@ -103,12 +103,13 @@ CAUSES: dict[str, tuple[str, str]] = {
         "A C++ thread object was destroyed while its thread still ran. When the log shows "
         "the run had finished (final metrics before the abort, no Python frame in the "
         "dump), the process group was still alive in interpreter teardown: with torch "
-        "2.13, importing torch._dynamo (every optimizer does, on construction) after "
-        "init_process_group keeps the group and gloo's threads alive past "
-        "destroy_process_group. Import torch._dynamo before init_process_group "
-        "(`disttrain.runtime.setup` does) and call destroy_process_group at the end. "
-        "Otherwise take the native stack (`gdb -p PID`, or a core dump with `ulimit -c "
-        "unlimited`) and report it with the torch version."),
+        "2.13 it outlives destroy_process_group when torch._dynamo was first imported "
+        "after init_process_group (every optimizer imports it), and gloo's threads still "
+        "run while C++ static objects are destroyed. End a finished worker with "
+        "`os._exit(code)` after flushing its files and streams, as multiprocessing ends its "
+        "workers (`python -m disttrain.worker` does). Otherwise take the native stack "
+        "(`gdb -p PID`, or a core dump with `ulimit -c unlimited`) and report it with the "
+        "torch version."),
     "duplicate_gpu": (
         "two ranks share one GPU (NCCL: Duplicate GPU detected)",
         "Each NCCL rank needs its own GPU. Bind rank to device with LOCAL_RANK "
