@@ -50,46 +50,41 @@ def _plain_torchrun(cwd: Path, env: dict[str, str] | None = None) -> tuple[int, 
     return proc.returncode, out, time.monotonic() - start
 
 
-def test_stalled_rank_is_named_and_ends_the_job_without_a_launcher(tmp_path):
-    code, out, took = _plain_torchrun(tmp_path, {"DISTTRAIN_FAULT": "stop:rank=1:step=3"})
-    stalled = re.search(r"fault injection .* stop rank 1 pid (\d+) ", out)
-    assert stalled, out[-4000:]
-    pid = int(stalled.group(1))
+def _stopped_rank_run(tmp_path: Path, stopped: int, watcher: int) -> tuple[str, int, float]:
+    """SIGSTOP rank `stopped` at step 3 under plain torchrun; check that rank `watcher`
+    names it once, ends the job and that the stopped process is gone. Returns the output,
+    the stopped pid and the seconds the run took."""
+    code, out, took = _plain_torchrun(tmp_path, {"DISTTRAIN_FAULT": f"stop:rank={stopped}:step=3"})
+    found = re.search(rf"fault injection .* stop rank {stopped} pid (\d+) ", out)
+    assert found, out[-4000:]
+    pid = int(found.group(1))
     assert code != 0, out[-4000:]
-    named = re.findall(rf"error: rank 1 \(pid {pid}, host \S+\) made no progress for (\d+) s; "
-                       rf"last seen: step 3, phase \w+", out)
+    named = re.findall(rf"error: rank {stopped} \(pid {pid}, host \S+\) made no progress for "
+                       rf"(\d+) s; last seen: step 3, phase \w+", out)
     assert len(named) == 1 and int(named[0]) >= TIMEOUT_S, out[-4000:]
-    assert "ending the job (rank 0 exits with code 1)" in out
+    assert f"ending the job (rank {watcher} exits with code 1)" in out
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    from disttrain.diagnose.logs import diagnose
+
+    d = diagnose(out)
+    assert (d.cause, d.rank) == ("collective_timeout", stopped), d.title
+    return out, pid, took
+
+
+def test_stalled_rank_is_named_and_ends_the_job_without_a_launcher(tmp_path):
+    out, _, took = _stopped_rank_run(tmp_path, stopped=1, watcher=0)
     # torchrun's own summary carries the cause in rank 0's recorded error: as the root
     # cause, or among the failures when the killed rank 1 is timestamped first (its
     # timestamps have 1 s resolution)
     assert re.search(r"disttrain.worker FAILED[\s\S]*RankStalled: rank 1 \(pid", out), out[-4000:]
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    from disttrain.diagnose.logs import diagnose
-
-    d = diagnose(out)
-    assert (d.cause, d.rank) == ("collective_timeout", 1), d.title
     print(f"\nstalled plain-torchrun job ended after {took:.1f} s")
 
 
 def test_stopped_rank0_is_named_by_rank1_and_ends_the_job(tmp_path):
-    """Rank 0 cannot watch when its own process is stopped: rank 1's backup watch does."""
-    code, out, took = _plain_torchrun(tmp_path, {"DISTTRAIN_FAULT": "stop:rank=0:step=3"})
-    stalled = re.search(r"fault injection .* stop rank 0 pid (\d+) ", out)
-    assert stalled, out[-4000:]
-    pid = int(stalled.group(1))
-    assert code != 0, out[-4000:]
-    named = re.findall(rf"error: rank 0 \(pid {pid}, host \S+\) made no progress for (\d+) s; "
-                       rf"last seen: step 3, phase \w+", out)
-    assert len(named) == 1 and int(named[0]) >= TIMEOUT_S, out[-4000:]
-    assert "ending the job (rank 1 exits with code 1)" in out
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    # torchrun's summary blames rank 0 (killed by rank 1's watch, in the same second as
-    # rank 1's exit); `doctor logs` reads rank 1's line and names rank 0's stall.
-    from disttrain.diagnose.logs import diagnose
-
-    d = diagnose(out)
-    assert (d.cause, d.rank) == ("collective_timeout", 0), d.title
+    """Rank 0 cannot watch when its own process is stopped: rank 1's backup watch does.
+    torchrun's summary blames rank 0 (killed by rank 1's watch, in the same second as
+    rank 1's exit); rank 1's line, and `doctor logs`, name rank 0's stall."""
+    _, _, took = _stopped_rank_run(tmp_path, stopped=0, watcher=1)
     print(f"\nplain-torchrun job with a stopped rank 0 ended after {took:.1f} s")
 
 
