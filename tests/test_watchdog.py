@@ -188,7 +188,7 @@ def test_in_job_watchdog_reports_kills_then_exits_never_killing_itself(sleeper, 
     """Rank 0's watchdog (plain torchrun): report, kill the local stalled rank, then end
     its own process; a stall of rank 0 itself is ended by the exit, not a self-SIGKILL."""
     exits, seen = [], []
-    monkeypatch.setattr(watchdog, "_exit_now", exits.append)
+    monkeypatch.setattr(watchdog, "exit_now", exits.append)
     wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, on_stall=seen.append,
                   exit_code=STALL_EXIT_CODE)
     b = sleeper()

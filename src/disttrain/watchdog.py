@@ -220,7 +220,7 @@ class Watchdog:
                 self._killed.add(pid)
         self._seen.clear()  # the other ranks fail or restart; judge them anew
         if self.exit_code is not None:
-            _exit_now(self.exit_code)
+            exit_now(self.exit_code)
 
     def _running(self, rec: dict[str, Any]) -> bool:
         if rec.get("host") != self._hostname:
@@ -296,35 +296,27 @@ def stall_line(stall: Stall, ends_job: bool = False, exiting_rank: int = 0) -> s
     return f"error: {stall.message}{action}"
 
 
-def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float) -> Watchdog:
-    """The watchdog rank 0 runs when no disttrain launcher watches (plain torchrun).
+def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float,
+                    watcher_rank: int = 0) -> Watchdog:
+    """The watchdog a rank runs when no disttrain launcher watches (plain torchrun).
 
-    It reports a stall on stderr, kills the stalled rank when it is on this host, and
-    then exits rank 0's process with `STALL_EXIT_CODE`: torchrun's agent sees a failed
-    worker and stops the job, instead of waiting for a collective to time out with an
-    error from a rank that was only waiting. Use it as a context manager around training.
+    Rank 0 watches every rank. Rank 1 (`watcher_rank=1`) watches rank 0 alone and acts
+    only when rank 0's whole process stopped (SIGSTOP, a C call holding the GIL), the
+    one case where rank 0 cannot watch. Either reports a stall on stderr, kills the
+    stalled rank when it is on this host, and then exits its own process with
+    `STALL_EXIT_CODE`: torchrun's agent sees a failed worker and stops the job, instead
+    of waiting for a collective to time out with an error from a rank that was only
+    waiting. Use it as a context manager around training.
     """
     def report(stall: Stall) -> None:
-        print(stall_line(stall, ends_job=True), file=sys.stderr, flush=True)
+        print(stall_line(stall, ends_job=True, exiting_rank=watcher_rank), file=sys.stderr,
+              flush=True)
         _record_for_torchrun(RankStalled(stall.message))
 
-    return Watchdog(host, port, world_size=world_size, timeout_s=timeout_s, on_stall=report,
-                    exit_code=STALL_EXIT_CODE)
-
-
-def rank0_backup_watchdog(host: str, port: int, timeout_s: float) -> Watchdog:
-    """The watchdog rank 1 runs beside rank 0's (plain torchrun): it watches rank 0 alone
-    and acts only when rank 0's whole process stopped (SIGSTOP, a C call holding the
-    GIL), the one case where rank 0 cannot watch. It reports, kills rank 0 when it is
-    on this host, and exits rank 1 with `STALL_EXIT_CODE`, so torchrun's agent stops
-    the job instead of waiting for a collective timeout.
-    """
-    def report(stall: Stall) -> None:
-        print(stall_line(stall, ends_job=True, exiting_rank=1), file=sys.stderr, flush=True)
-        _record_for_torchrun(RankStalled(stall.message))
-
-    return Watchdog(host, port, world_size=1, timeout_s=timeout_s, on_stall=report,
-                    exit_code=STALL_EXIT_CODE, ranks=(0,), frozen_only=True)
+    backup = watcher_rank != 0
+    return Watchdog(host, port, world_size=1 if backup else world_size, timeout_s=timeout_s,
+                    on_stall=report, exit_code=STALL_EXIT_CODE,
+                    ranks=(0,) if backup else None, frozen_only=backup)
 
 
 class RankStalled(RuntimeError):
@@ -345,9 +337,11 @@ def _record_for_torchrun(exc: RankStalled) -> None:
             ErrorHandler().record_exception(raised)
 
 
-def _exit_now(code: int) -> None:
-    """End this process from the watchdog thread: the main thread may sit in a collective,
-    which a normal exit (atexit handlers, thread joins) would wait for."""
+def exit_now(code: int) -> None:
+    """End this process after flushing stdout/stderr, without interpreter teardown: from
+    the watchdog thread, because the main thread may sit in a collective that a normal
+    exit (atexit handlers, thread joins) would wait for; at the end of a pod worker, see
+    `disttrain.worker`."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

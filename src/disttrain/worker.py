@@ -45,9 +45,9 @@ def elastic_entry(spec_data: dict[str, Any]) -> dict[str, Any]:
 def _rank0_watchdog(timeout_s: float) -> Iterator[None]:
     """In a multi-rank job nobody else watches, rank 0 watches every rank while this
     runs, and rank 1 watches rank 0 for the one case rank 0 cannot cover: its own
-    process stopped (`watchdog.rank0_backup_watchdog`)."""
+    process stopped (`watchdog.in_job_watchdog`)."""
     from disttrain import runtime
-    from disttrain.watchdog import ENV_WATCHDOG, in_job_watchdog, rank0_backup_watchdog
+    from disttrain.watchdog import ENV_WATCHDOG, in_job_watchdog
 
     try:
         env = runtime.read_env()
@@ -56,11 +56,8 @@ def _rank0_watchdog(timeout_s: float) -> Iterator[None]:
     if os.environ.get(ENV_WATCHDOG) or env is None or env.rank > 1 or env.world_size < 2:
         yield
         return
-    if env.rank == 0:
-        watch = in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s)
-    else:
-        watch = rank0_backup_watchdog(env.master_addr, env.master_port, timeout_s)
-    with watch:
+    with in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s,
+                         watcher_rank=env.rank):
         yield
 
 
@@ -78,24 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _exit_now(code: int) -> None:
-    """End the process the way multiprocessing ends `disttrain run`'s workers: flush, then
-    `os._exit`, without interpreter teardown.
-
-    NOTE: with torch 2.13 the process group outlives `destroy_process_group` when
-    torch._dynamo was first imported after it was created (every optimizer imports it),
-    so gloo's threads still run while interpreter and C++ static teardown happen; one
-    rank of a finished plain-torchrun run aborted there ("terminate called without an
-    active exception", SIGABRT) and torchrun reported the job as failed. Making the
-    group die in `destroy_process_group` instead (importing torch._dynamo first) exposed
-    a deadlock in its destructor (it joins a gloo thread that waits for the GIL to free a
-    finished work's tensors), so the process leaves without teardown. Everything the run
-    writes is closed and flushed by then.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit_now(main())
+    from disttrain.watchdog import exit_now
+
+    # NOTE: leave like multiprocessing's workers do (`disttrain run`), without teardown.
+    # With torch 2.13 the process group outlives destroy_process_group when torch._dynamo
+    # was first imported after it was created (every optimizer imports it), so gloo's
+    # threads still run during interpreter and C++ static teardown; one rank of a
+    # finished plain-torchrun run aborted there ("terminate called without an active
+    # exception") and torchrun reported the job as failed. Making the group die in
+    # destroy_process_group instead (importing torch._dynamo first) exposed a deadlock in
+    # its destructor (it joins a gloo thread that waits for the GIL to free a finished
+    # work's tensors). Everything the run writes is closed and flushed by then.
+    exit_now(main())

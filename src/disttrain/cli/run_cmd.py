@@ -52,25 +52,17 @@ def _prewarm(spec: Any) -> None:
         return
     import os
 
-    for k, v in worker_env_early(spec).items():
+    from disttrain.launch import prewarm_workers, worker_env
+    from disttrain.launch_argv import resolve_nproc
+
+    # What the workers will inherit (OMP_NUM_THREADS), without asking torch how many GPUs
+    # there are (gpus=0): that import is what the server overlaps.
+    for k, v in worker_env(spec, resolve_nproc(spec, gpus=0)).items():
         os.environ.setdefault(k, v)
-    from disttrain.launch import prewarm_workers
 
     cfg = spec.train
     prewarm_workers({"example": spec.workload, "data_dir": cfg.data_dir,
                      "num_samples": cfg.num_samples, "input_size": cfg.input_size})
-
-
-def worker_env_early(spec: Any) -> dict[str, str]:
-    """OMP_NUM_THREADS, which the fork server must inherit (as `launch.worker_env`; without
-    asking torch how many GPUs there are: that import is what the server overlaps)."""
-    import os
-
-    nproc = spec.launch.nproc_per_node
-    n = int(nproc) if nproc != "auto" else 1 if spec.train.strategy == "dp" else 2
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = spec.train.threads or max(1, (cores or 1) // n)
-    return {"OMP_NUM_THREADS": str(threads)}
 
 
 def _file_sets_port(spec_file: str | None) -> bool:
