@@ -6,7 +6,7 @@
 
 Same job (default): one torchrun job alternates, per size and round, disttrain's
 measurement (`disttrain.bench.allreduce.measure`, process group from
-`disttrain.runtime.setup`) and the raw loop of benchmarks/allreduce_raw.py, so both see
+`disttrain.distributed.runtime.setup`) and the raw loop of benchmarks/allreduce_raw.py, so both see
 the same host load within milliseconds of each other: this checks the measurement.
 `--separate`: each round runs `disttrain bench allreduce --json` and `torchrun
 allreduce_raw.py` as separate commands, alternating which goes first: this also covers
@@ -51,8 +51,8 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     from allreduce_raw import sizes, time_allreduce
 
-    from disttrain import runtime
     from disttrain.bench.allreduce import measure
+    from disttrain.distributed import runtime
 
     with runtime.setup(args.backend, timeout_s=600, threads=1) as rt:
         for rnd in range(args.rounds):

@@ -54,7 +54,7 @@ class SimpleNet(nn.Module):
 
 
 def synthetic(num_samples: int, input_size: int) -> TensorDataset:
-    """disttrain.data.load_synthetic's training split, rebuilt with torch alone."""
+    """disttrain.train.data.load_synthetic's training split, rebuilt with torch alone."""
     x = torch.randn(num_samples + max(num_samples // 10, 1), input_size,
                     generator=torch.Generator().manual_seed(1234))
     teacher = torch.randn(input_size, 10, generator=torch.Generator().manual_seed(4321))

@@ -116,8 +116,8 @@ def ablation(blocks: int, block_steps: int) -> str:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from disttrain.data import load_synthetic
-    from disttrain.runtime import tune_allocator
+    from disttrain.distributed.runtime import tune_allocator
+    from disttrain.train.data import load_synthetic
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -171,9 +171,9 @@ def _paired_rank(blocks: int, block_steps: int) -> dict[str, list[float]]:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from disttrain.builder import build_trainer
-    from disttrain.spec import JobSpec
+    from disttrain.spec.job import JobSpec
     from disttrain.testing import setup_for_test
+    from disttrain.train.build import build_trainer
 
     with setup_for_test() as rt, tempfile.TemporaryDirectory() as tmp:
         spec = JobSpec.from_dict({}, {

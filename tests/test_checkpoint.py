@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from disttrain.checkpoint import (
-    CheckpointError,
+from disttrain.errors import CheckpointError
+from disttrain.train.checkpoint import (
     atomic_torch_save,
     list_checkpoints,
     load_checkpoint,
@@ -161,7 +161,7 @@ WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import torch
-    import disttrain.checkpoint as ck
+    import disttrain.train.checkpoint as ck
 
     ckpt_dir = Path(sys.argv[1])
     ck.save_checkpoint(ckpt_dir, {"model": {"w": torch.ones(4)}, "step": 1}, 1)

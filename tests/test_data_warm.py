@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disttrain import data
+from disttrain.train import data
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from disttrain.cli.main import cli
 from disttrain.cli.options import HIDDEN
-from disttrain.spec import JobSpec, SpecError, field_index
+from disttrain.errors import SpecError
+from disttrain.spec.job import JobSpec, field_index
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -269,7 +270,8 @@ def test_diagnose_never_raises_on_our_own_output(parts):
 @fuzz(60)
 @given(st.binary(max_size=3000))
 def test_random_bytes_are_never_a_checkpoint(data):
-    from disttrain.checkpoint import CheckpointError, load_checkpoint
+    from disttrain.errors import CheckpointError
+    from disttrain.train.checkpoint import load_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ckpt-00000001.pt"
@@ -282,7 +284,7 @@ def test_random_bytes_are_never_a_checkpoint(data):
 @given(st.one_of(st.text(max_size=60), st.sampled_from(
     ["kill:rank=1:step=2", "stop:rank=0:step=0:phase=eval:restart=2", "kill:rank=:step=1"])))
 def test_fault_hook_parses_or_says_the_expected_form(text):
-    from disttrain.faults import Fault
+    from disttrain.resilience.faults import Fault
 
     try:
         Fault.parse(text)

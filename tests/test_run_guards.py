@@ -10,8 +10,8 @@ import click
 import pytest
 
 from disttrain.cli.run_cmd import RUN_OUTPUTS, _prepare_run_dir
-from disttrain.launch_argv import resolve_nproc, torchrun_argv
-from disttrain.spec import JobSpec
+from disttrain.launch.argv import resolve_nproc, torchrun_argv
+from disttrain.spec.job import JobSpec
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.timeout(180)
@@ -135,8 +135,8 @@ def test_env_malformed_rank_is_refused_before_deleting(tmp_path, monkeypatch, ca
 # -- 4. local rank 0 downloads before the other ranks load ---------------------------
 def _build_with_download(marker: str, run_dir: str) -> list[bool]:
     """build_trainer on this rank with a loader that fails unless rank 0 went first."""
-    from disttrain import builder
     from disttrain.testing import setup_for_test
+    from disttrain.train import build as builder
 
     real, calls = builder.load_dataset, []
 
@@ -165,8 +165,8 @@ def test_build_trainer_rank0_downloads_before_others_load(tmp_path):
 
 
 def _rank0_load_fails() -> tuple[str, float]:
-    from disttrain.builder import load_splits_local_rank0_first
     from disttrain.testing import setup_for_test
+    from disttrain.train.build import load_splits_local_rank0_first
 
     def load(download: bool):
         raise FileNotFoundError(f"download={download}")
@@ -201,7 +201,7 @@ class _FakeNodeRank:
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
 def test_each_node_downloads_once_before_its_other_ranks_load(rank):
     """Nodes need not share a filesystem: local rank 0 of every node downloads."""
-    from disttrain.builder import load_splits_local_rank0_first
+    from disttrain.train.build import load_splits_local_rank0_first
 
     rt = _FakeNodeRank(rank)
     load_splits_local_rank0_first(rt, lambda download: rt.events.append(download), True)

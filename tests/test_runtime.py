@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disttrain import runtime
-from disttrain.runtime import DistEnvError, read_env, resolve_backend
+from disttrain.distributed import runtime
+from disttrain.distributed.runtime import read_env, resolve_backend
+from disttrain.errors import DistEnvError
 
 
 def test_no_vars_is_single_process():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from disttrain.spec import JobSpec, SpecError, field_index
+from disttrain.errors import SpecError
+from disttrain.spec.job import JobSpec, field_index
 
 
 def test_defaults_are_the_main_job():

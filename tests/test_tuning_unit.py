@@ -10,13 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from disttrain.comm_hooks import CommStats, powersgd_start_iter
-from disttrain.data import ShardedLoader, batch_seed
-from disttrain.fsdp import mesh_shape, size_based_units
-from disttrain.runtime import DistEnv, DistEnvError, add_dist_args, env_from_args, rank_seed
-from disttrain.spec import JobSpec
-from disttrain.strategies import StrategyError, enable_grad_ckpt, resolve_strategy
-from disttrain.tuning import (
+from disttrain.distributed.comm_hooks import CommStats, powersgd_start_iter
+from disttrain.distributed.fsdp import mesh_shape, size_based_units
+from disttrain.distributed.runtime import DistEnv, add_dist_args, env_from_args, rank_seed
+from disttrain.distributed.strategies import enable_grad_ckpt, resolve_strategy
+from disttrain.errors import DistEnvError, StrategyError
+from disttrain.spec.job import JobSpec
+from disttrain.train.data import ShardedLoader, batch_seed
+from disttrain.train.precision import (
     Precision,
     PrecisionError,
     build_optimizer,
@@ -54,10 +55,10 @@ def test_fp16_on_cpu_is_refused_pointing_to_bf16():
 def test_no_deprecated_amp_spellings():
     import inspect
 
-    import disttrain.trainer
-    import disttrain.tuning
+    import disttrain.train.precision
+    import disttrain.train.trainer
 
-    for mod in (disttrain.tuning, disttrain.trainer):
+    for mod in (disttrain.train.precision, disttrain.train.trainer):
         src = inspect.getsource(mod)
         assert "torch.cuda.amp" not in src.replace("`torch.cuda.amp`", "")
 
@@ -115,7 +116,7 @@ def test_fsdp_mesh_shapes():
 
 
 def test_grad_ckpt_keeps_the_gradients():
-    from disttrain.models import Seed002Net, SimpleNet
+    from disttrain.examples.models import Seed002Net, SimpleNet
 
     for make in (lambda: SimpleNet(16, 32, 10), lambda: Seed002Net(16, 10)):
         torch.manual_seed(0)
@@ -191,7 +192,7 @@ def test_batch_lengths_cover_the_shard():
 
 
 def test_planned_steps_counts_short_last_group():
-    from disttrain.builder import planned_steps
+    from disttrain.train.build import planned_steps
 
     cfg = JobSpec.from_dict({}, {"grad_accum": 4, "epochs": 2}).train
     assert planned_steps(cfg, 90) == 2 * math.ceil(90 / 4)

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from disttrain import verify, verify_checks
 from disttrain.cli.verify_cmd import print_report
 from disttrain.cli.verify_cmd import verify as verify_cli
-from disttrain.spec import JobSpec
-from disttrain.verify import CHECKS, CheckResult, parse_faults, parse_verdict, verify_local
+from disttrain.spec.job import JobSpec
+from disttrain.verify import runner as verify
+from disttrain.verify import verify_checks
+from disttrain.verify.runner import CHECKS, CheckResult, parse_faults, parse_verdict, verify_local
 
 pytestmark = pytest.mark.timeout(150)
 LAUNCH = {"nproc_per_node": 2, "timeout_s": 60, "master_port": 0, "backend": "gloo"}
@@ -164,7 +165,7 @@ class _FakeCluster:
         self.log_text, self.failed = log_text, failed
 
     def delete_job(self, ns, name):
-        from disttrain.k8s.client import KubeError
+        from disttrain.errors import KubeError
 
         self.calls.append(("delete", name))
         if len(self.calls) == 1:

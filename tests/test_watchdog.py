@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from disttrain import watchdog
-from disttrain.faults import Fault
-from disttrain.heartbeat import Heartbeat, collective_timeout_s, interval_for
-from disttrain.watchdog import STALL_EXIT_CODE, Watchdog, stall_line
+from disttrain.resilience import watchdog
+from disttrain.resilience.faults import Fault
+from disttrain.resilience.heartbeat import Heartbeat, collective_timeout_s, interval_for
+from disttrain.resilience.watchdog import STALL_EXIT_CODE, Watchdog, stall_line
 
 pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname()

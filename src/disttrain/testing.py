@@ -6,7 +6,7 @@
 Built on torch's elastic launcher (no home-made process management): a static
 rendezvous on a free loopback port, gloo, and workers forked from a warm fork server
 (torch pre-imported) so each test starts in a fraction of a second. The function runs
-with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set; call `disttrain.runtime.setup()` in it.
+with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set; call `disttrain.distributed.runtime.setup()` in it.
 `timeout_s` bounds every collective (via DISTTRAIN_TEST_TIMEOUT_S, read by `setup_for_test`)
 and the rendezvous, so a hang becomes a failure.
 """
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from disttrain.launch import free_port
+from disttrain.launch.launchers import free_port
 
 
 def _entry(fn: Callable[..., Any], env: dict[str, str], args: tuple[Any, ...]) -> Any:
@@ -37,7 +37,7 @@ def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "disttrain.runtime"])
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "disttrain.distributed.runtime"])
     port = free_port()
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"test-{uuid.uuid4().hex[:8]}",
@@ -56,7 +56,7 @@ def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
 
 def setup_for_test(backend: str = "gloo"):
     """`runtime.setup()` with the collective timeout of the enclosing `run_ranks`."""
-    from disttrain import runtime
+    from disttrain.distributed import runtime
 
     timeout = float(os.environ.get("DISTTRAIN_TEST_TIMEOUT_S", "60"))
     return runtime.setup(backend, timeout_s=timeout, threads=1)

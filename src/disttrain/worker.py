@@ -5,7 +5,7 @@ RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* set; `run_worker` is the same thing as
 function, which the local launcher forks so workers need not import torch again.
 
 Under plain torchrun (the pod command) no disttrain launcher watches the heartbeats, so
-rank 0 does (`disttrain.watchdog.in_job_watchdog`), and rank 1 watches rank 0 in case
+rank 0 does (`disttrain.resilience.watchdog.in_job_watchdog`), and rank 1 watches rank 0 in case
 rank 0's own process stops: a stalled rank is named and the job ends within
 `launch.timeout_s`. `disttrain run` sets DISTTRAIN_WATCHDOG to keep them off.
 """
@@ -19,13 +19,14 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from disttrain.spec import JobSpec, SpecError
+from disttrain.errors import SpecError
+from disttrain.spec.job import JobSpec
 
 
 def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
     """Set up the process group, train, tear down; returns rank's summary."""
-    from disttrain import runtime
-    from disttrain.builder import build_trainer
+    from disttrain.distributed import runtime
+    from disttrain.train.build import build_trainer
 
     spec = JobSpec.model_validate(spec_data)
     with runtime.setup(spec.launch.backend, spec.launch.timeout_s, threads=spec.train.threads) as rt:
@@ -46,8 +47,8 @@ def _rank0_watchdog(timeout_s: float) -> Iterator[None]:
     """In a multi-rank job nobody else watches, rank 0 watches every rank while this
     runs, and rank 1 watches rank 0 for the one case rank 0 cannot cover: its own
     process stopped (`watchdog.in_job_watchdog`)."""
-    from disttrain import runtime
-    from disttrain.watchdog import ENV_WATCHDOG, in_job_watchdog
+    from disttrain.distributed import runtime
+    from disttrain.resilience.watchdog import ENV_WATCHDOG, in_job_watchdog
 
     try:
         env = runtime.read_env()
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from disttrain.watchdog import exit_now
+    from disttrain.resilience.watchdog import exit_now
 
     # NOTE: leave like multiprocessing's workers do (`disttrain run`), without teardown.
     # With torch 2.13 the process group outlives destroy_process_group when torch._dynamo

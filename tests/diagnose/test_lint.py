@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.diagnose.lint import RULES, LintError, lint_paths, lint_source
+from disttrain.diagnose.lint import RULES, lint_paths, lint_source
+from disttrain.errors import LintError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PRE = ("import os\nimport torch\nimport torch.distributed as dist\n"

@@ -7,8 +7,9 @@ import ast
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from disttrain.diagnose.lint import LintError, lint_source
+from disttrain.diagnose.lint import lint_source
 from disttrain.diagnose.logs import CAUSES, diagnose
+from disttrain.errors import LintError
 
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

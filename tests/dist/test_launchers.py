@@ -3,7 +3,7 @@
 torchrun (`disttrain run`, the default), `--launcher spawn` (mp.spawn, seed 002),
 `--launcher env` (one process per invocation from MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK,
 seed 000 §5.2 way 3), and a user script taking `--world-size N --rank R` through
-`disttrain.runtime.add_dist_args` (seed 002's verification command).
+`disttrain.distributed.runtime.add_dist_args` (seed 002's verification command).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.launch import free_port
+from disttrain.launch.launchers import free_port
 from tests.conftest import DISTTRAIN, run_cli
 
 pytestmark = pytest.mark.timeout(240)
@@ -25,9 +25,9 @@ JOB = ("--epochs", "1", "--max-steps", "8", "--checkpoint-every-epochs", "0",
        "--warmup-steps", "3")
 SCRIPT = """
 import argparse
-from disttrain import runtime
-from disttrain.builder import build_trainer
-from disttrain.spec import JobSpec
+from disttrain.distributed import runtime
+from disttrain.train.build import build_trainer
+from disttrain.spec.job import JobSpec
 
 parser = runtime.add_dist_args(argparse.ArgumentParser())
 parser.add_argument("--run-dir")

@@ -1,6 +1,6 @@
 """Fault tolerance end to end: killed and stalled workers, damaged checkpoints (issue 7).
 
-Faults come from the test-only hook `DISTTRAIN_FAULT` (disttrain.watchdog): the worker of
+Faults come from the test-only hook `DISTTRAIN_FAULT` (disttrain.resilience.watchdog): the worker of
 the given rank SIGKILLs or SIGSTOPs itself at the given optimizer step and phase, in the
 first round only, so the restarted round runs clean.
 """
@@ -110,8 +110,8 @@ def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path, reference):
 def _resume_from_private_dirs(base: str) -> str:
     """Each rank has its own run dir (as pods without a shared volume would): only rank
     0's holds the checkpoint."""
-    from disttrain.builder import build_trainer
-    from disttrain.spec import JobSpec
+    from disttrain.train.build import build_trainer
+    from disttrain.spec.job import JobSpec
     from disttrain.testing import setup_for_test
 
     with setup_for_test() as rt:
@@ -137,7 +137,7 @@ def test_ranks_that_see_different_checkpoints_refuse_to_resume(tmp_path):
 
 PORT_RACE = """
 import socket, sys
-import disttrain.launch as launch
+import disttrain.launch.launchers as launch
 
 if __name__ == "__main__":
     held = socket.socket()

@@ -131,8 +131,8 @@ def test_builtin_worker_under_plain_torchrun(tmp_path):
     """The pod command (torchrun -m disttrain.worker --spec job.yaml) trains as well."""
     import subprocess
 
-    from disttrain.launch import free_port
-    from disttrain.spec import JobSpec
+    from disttrain.launch.launchers import free_port
+    from disttrain.spec.job import JobSpec
 
     spec = JobSpec.from_dict({}, {"epochs": 1, "run_dir": str(tmp_path / "run")})
     (tmp_path / "job.yaml").write_text(spec.to_yaml())

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from disttrain.spec import JobSpec
+from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 
 pytestmark = pytest.mark.timeout(240)
@@ -42,8 +42,8 @@ RESUME = {"strategy": "fsdp", "epochs": 2, "optimizer": "adam", "lr": 0.002,
 
 
 def _fit(overrides: dict[str, Any], run_dir: Path, rt: Any) -> dict[str, Any]:
-    from disttrain.builder import build_trainer
-    from disttrain.strategies import model_state_dict
+    from disttrain.train.build import build_trainer
+    from disttrain.distributed.strategies import model_state_dict
 
     overrides = dict(overrides)
     version = overrides.pop("_fsdp_version", None)
@@ -79,7 +79,7 @@ def _two_rank_runs(base_dir: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """{name: result} for the 2-rank runs (rank 0's view) and the 1-process references."""
-    from disttrain import runtime
+    from disttrain.distributed import runtime
 
     base = tmp_path_factory.mktemp("strategies")
     results = run_ranks(2, _two_rank_runs, str(base / "two"), timeout_s=200)
@@ -154,8 +154,8 @@ def test_fsdp_resume_is_exact(runs):
 
 def test_fsdp_last_pt_loads_into_bare_model(runs):
     """last.pt of an FSDP run still holds plain weights for the unwrapped model."""
-    from disttrain.checkpoint import load_latest
-    from disttrain.models import SimpleNet
+    from disttrain.train.checkpoint import load_latest
+    from disttrain.examples.models import SimpleNet
 
     found = load_latest(runs["base"] / "part" / "checkpoints")
     assert found is not None
@@ -168,7 +168,7 @@ def test_fsdp_last_pt_loads_into_bare_model(runs):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs 2+ GPUs")
 def test_dp_over_gpus_matches_one_device(tmp_path):
-    from disttrain import runtime
+    from disttrain.distributed import runtime
 
     with runtime.setup("nccl", timeout_s=60, env={}, threads=1) as rt:
         dp = _fit({**BASE, "strategy": "dp", "batch_size": 64}, tmp_path / "dp", rt)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from disttrain.sync_check import check_in_sync, reference
+from disttrain.distributed.sync_check import check_in_sync, reference
 from disttrain.testing import run_ranks, setup_for_test
 
 pytestmark = pytest.mark.timeout(180)
@@ -64,7 +64,7 @@ def _scenarios() -> dict[str, dict]:
             bare[0].weight.mul_(2)
     out["not_wrapped"] = check_in_sync(bare).as_dict()
 
-    from disttrain.strategies import WrapOptions, wrap
+    from disttrain.distributed.strategies import WrapOptions, wrap
 
     sharded = wrap(_model(), "fsdp", rt, WrapOptions(fsdp_min_params=1))
     out["fsdp_params"] = check_in_sync(sharded).as_dict()  # gathers the full parameters

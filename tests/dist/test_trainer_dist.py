@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from disttrain.data import ShardedLoader, load_digits
-from disttrain.spec import JobSpec
+from disttrain.train.data import ShardedLoader, load_digits
+from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,9 +43,9 @@ def test_sharded_loader_matches_dataloader():
 
 def _train_digits(world_batch: int, run_dir: str, single: bool = False):
     """Train 1 epoch of digits with SGD, return (params, evaluate(), local full eval)."""
-    from disttrain import runtime
-    from disttrain.builder import build_trainer
-    from disttrain.strategies import unwrap
+    from disttrain.distributed import runtime
+    from disttrain.train.build import build_trainer
+    from disttrain.distributed.strategies import unwrap
 
     overrides = {"epochs": 1, "optimizer": "sgd", "lr": 0.05, "lr_scaling": "none",
                  "checkpoint_every_epochs": 0, "run_dir": run_dir}
@@ -84,7 +84,7 @@ def test_eval_is_over_all_ranks_not_rank0_shard(tmp_path):
 
 
 def _build_in_own_dir(base: str):
-    from disttrain.builder import build_trainer
+    from disttrain.train.build import build_trainer
 
     rank = int(os.environ["RANK"])
     own = Path(base) / f"cwd{rank}"

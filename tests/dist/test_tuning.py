@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from disttrain.spec import JobSpec
+from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,8 +34,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def _runs(base_dir: str) -> dict[str, Any]:
-    from disttrain.builder import build_trainer
-    from disttrain.report import read_metrics
+    from disttrain.train.build import build_trainer
+    from disttrain.rundir import read_metrics
 
     out: dict[str, Any] = {}
     with setup_for_test() as rt:
@@ -102,9 +102,9 @@ def test_dataloader_workers_give_the_same_training(runs):
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="fp16 needs CUDA")
 def test_fp16_on_gpu_uses_a_grad_scaler_saved_in_checkpoints(tmp_path):
-    from disttrain import runtime
-    from disttrain.builder import build_trainer
-    from disttrain.checkpoint import load_latest
+    from disttrain.distributed import runtime
+    from disttrain.train.build import build_trainer
+    from disttrain.train.checkpoint import load_latest
 
     with runtime.setup("nccl", timeout_s=60, env={}, threads=1) as rt:
         spec = JobSpec.from_dict({}, {**LEARN, "precision": "fp16", "checkpoint_every_epochs": 1,

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from disttrain.spec import JobSpec
+from disttrain.spec.job import JobSpec
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_stray_workers")]
 TIMEOUT_S = 6  # the job's stall timeout: collectives time out 2 s later (grace)
@@ -133,7 +133,7 @@ def test_ranks_0_and_1_watch_and_only_without_the_launcher(monkeypatch, env, wat
 
 
 def test_disttrain_run_marks_its_workers_as_watched(monkeypatch):
-    from disttrain.launch import _watchdog
+    from disttrain.launch.launchers import _watchdog
 
     monkeypatch.delenv("DISTTRAIN_WATCHDOG", raising=False)
     spec = JobSpec.from_dict({}, {"master_port": _unused_port(), "timeout_s": TIMEOUT_S})

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from disttrain.cluster_spec import ClusterSpec, parse_gpumem
+from disttrain.errors import SpecError
 from disttrain.k8s import hami
-from disttrain.spec import JobSpec, SpecError, field_index
+from disttrain.spec.cluster import ClusterSpec, parse_gpumem
+from disttrain.spec.job import JobSpec, field_index
 
 
 def test_field_names_stay_unique_across_sections() -> None:
@@ -74,7 +75,7 @@ def test_annotations() -> None:
 
 
 def test_every_workaround_names_its_hami_issue() -> None:
-    from disttrain.cluster_spec import VGPU_WORKAROUNDS
+    from disttrain.spec.cluster import VGPU_WORKAROUNDS
 
     assert set(hami.WORKAROUNDS) == set(VGPU_WORKAROUNDS)
     for w in hami.WORKAROUNDS.values():

@@ -21,7 +21,7 @@ import pytest
 
 from disttrain.k8s import local
 from disttrain.k8s.render import render
-from disttrain.spec import JobSpec
+from disttrain.spec.job import JobSpec
 
 
 def _can_netns() -> str | None:

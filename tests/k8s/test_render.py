@@ -16,10 +16,11 @@ import pytest
 import yaml
 
 from conftest import validate_all, validate_object
+from disttrain.errors import SpecError
 from disttrain.k8s.hami import HAMI_KEYS
 from disttrain.k8s.render import render, to_json, to_yaml
 from disttrain.k8s.security import pod_specs
-from disttrain.spec import JobSpec, SpecError
+from disttrain.spec.job import JobSpec
 
 IMG = "registry.local:30000/ml/train:1"
 BUILTIN = {"image_has_disttrain": True}
@@ -441,7 +442,7 @@ def test_restart_settings_reach_the_cluster_objects():
     import yaml
 
     from disttrain.k8s.render import render
-    from disttrain.spec import JobSpec
+    from disttrain.spec.job import JobSpec
 
     spec = JobSpec.from_dict({}, {"kind": "job", "nnodes": 2, "max_restarts": 2, "gpus": 1,
                                   "image": "r/i:1", "image_has_disttrain": True})

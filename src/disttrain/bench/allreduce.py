@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from disttrain.bench.common import BenchError, format_size, pyplot, save_figure
-from disttrain.launch import launch_function
-from disttrain.spec import JobSpec
+from disttrain.bench.common import format_size, pyplot, save_figure
+from disttrain.errors import BenchError
+from disttrain.launch.launchers import launch_function
+from disttrain.spec.job import JobSpec
 
 FIELDS = ("size_bytes", "time_s", "algbw_GBps", "busbw_GBps", "world_size", "backend")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -69,8 +70,8 @@ def measure(sizes: list[int], iters: int, warmup: int, dtype_name: str, rt: Any)
 
 
 def worker(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """One rank: set up with disttrain.runtime, measure; rank 0 returns the rows."""
-    from disttrain import runtime
+    """One rank: set up with disttrain.distributed.runtime, measure; rank 0 returns the rows."""
+    from disttrain.distributed import runtime
 
     with runtime.setup(opts["backend"], opts["timeout_s"], threads=opts.get("threads")) as rt:
         rows = measure(opts["sizes"], opts["iters"], opts["warmup"], opts["dtype"], rt)

@@ -1,6 +1,6 @@
 """What every benchmark shares: the run directory, size parsing, statistics and plotting.
 
-Benchmarks run their measurement on the job's ranks with `disttrain.launch.launch_function`.
+Benchmarks run their measurement on the job's ranks with `disttrain.launch.launchers.launch_function`.
 
     run_dir = new_run_dir("allreduce")              # runs/bench-allreduce-20261130T180000Z
     write_results(run_dir, meta, rows)              # results.json + results.jsonl
@@ -22,9 +22,6 @@ from typing import Any
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
-
-class BenchError(RuntimeError):
-    """A benchmark run failed; the message names the rank or the command and its output."""
 
 
 # -- sizes ------------------------------------------------------------------------------
@@ -83,7 +80,7 @@ def environment() -> dict[str, Any]:
 def write_results(run_dir: Path, kind: str, settings: dict[str, Any], rows: Sequence[dict[str, Any]],
                   summary: Any = None) -> Path:
     """results.json (settings, environment, rows, summary) and results.jsonl (rows)."""
-    from disttrain.report import write_text_atomic
+    from disttrain.rundir import write_text_atomic
 
     doc = {"kind": kind, "settings": settings, "environment": environment(), "rows": list(rows)}
     if summary is not None:

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from disttrain.bench.common import BenchError, pyplot, save_figure, spread
+from disttrain.bench.common import pyplot, save_figure, spread
+from disttrain.errors import BenchError
 
 
 @dataclass(frozen=True)

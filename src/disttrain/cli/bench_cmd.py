@@ -67,8 +67,8 @@ def allreduce(spec_file: str | None, sizes: str, iters: int, warmup: int, dtype:
     if "master_port" in overrides:
         spec.launch.port_explicit = True
     from disttrain.bench.allreduce import plot_allreduce, run_allreduce
-    from disttrain.bench.common import BenchError, new_run_dir, write_results
-    from disttrain.launch import LaunchError
+    from disttrain.bench.common import new_run_dir, write_results
+    from disttrain.errors import BenchError, LaunchError
 
     try:
         rows = run_allreduce(spec, size_list, iters=iters, warmup=warmup, dtype=dtype)
@@ -151,8 +151,9 @@ def _log(as_json: bool) -> Any:
 @_train_options(rounds=3)
 def scaling(workload: str, max_procs: int | None, **kw: Any) -> None:
     """Trainer samples/s at 1..N processes and efficiency = thr(N) / (N x thr(1))."""
-    from disttrain.bench.common import BenchError, new_run_dir, write_results
+    from disttrain.bench.common import new_run_dir, write_results
     from disttrain.bench.training import plot_scaling, run_scaling, settings
+    from disttrain.errors import BenchError
 
     b = _train_bench(kw, workload)
     n_max = max_procs or len(os.sched_getaffinity(0))
@@ -186,8 +187,9 @@ def scaling(workload: str, max_procs: int | None, **kw: Any) -> None:
 def overhead(nproc: int, plain_script: str | None, plain_loader: str, **kw: Any) -> None:
     """The Trainer (`disttrain run`) vs a plain hand-written DDP loop (torchrun
     benchmarks/plain_ddp.py) on the same workload, interleaved: samples/s ratio."""
-    from disttrain.bench.common import BenchError, new_run_dir, write_results
+    from disttrain.bench.common import new_run_dir, write_results
     from disttrain.bench.training import find_plain_script, plot_overhead, run_overhead, settings
+    from disttrain.errors import BenchError
 
     b = _train_bench(kw)
     try:

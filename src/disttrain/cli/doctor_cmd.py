@@ -170,7 +170,8 @@ def lint(scripts: tuple[str, ...], fmt: str, select: str | None, ignore_rules: s
 
     `# disttrain: ignore[DT004]` on a line silences that rule there. Exit 1 when there
     are findings."""
-    from disttrain.diagnose.lint import RULES, LintError, format_findings, lint_paths
+    from disttrain.diagnose.lint import RULES, format_findings, lint_paths
+    from disttrain.errors import LintError
 
     if list_rules:
         for r in RULES.values():

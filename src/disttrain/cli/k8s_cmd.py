@@ -87,8 +87,8 @@ def _load(script: str | None, script_args: tuple[str, ...], spec_file: str | Non
 
 
 def _render(spec: Any, *, local: bool = False) -> Any:
+    from disttrain.errors import SpecError
     from disttrain.k8s.render import render
-    from disttrain.spec import SpecError
 
     try:
         rendered = render(spec, Path("."), local=local)
@@ -106,7 +106,8 @@ def _print_objects(objects: list[dict[str, Any]], output: str) -> None:
 
 
 def _connect(kubeconfig: str | None, context: str | None) -> Any:
-    from disttrain.k8s.client import Cluster, KubeError
+    from disttrain.errors import KubeError
+    from disttrain.k8s.client import Cluster
 
     try:
         return Cluster.from_kubeconfig(kubeconfig, context)
@@ -121,7 +122,7 @@ def _cluster_error(exc: Exception) -> NoReturn:
 
 def _on_cluster(kubeconfig: str | None, context: str | None, call: Callable[[Any], T]) -> T:
     """Connect, then return `call(cluster)`; a KubeError either way is one line, exit 1."""
-    from disttrain.k8s.client import KubeError
+    from disttrain.errors import KubeError
 
     cluster = _connect(kubeconfig, context)
     try:
@@ -232,9 +233,9 @@ def delete(name: str, namespace: str, kubeconfig: str | None, context: str | Non
 def run_local(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
               timeout_s: float | None, **kwargs: Any) -> None:
     """Run the rendered pods here, each in its own network namespace (needs root and ip)."""
-    from disttrain.k8s.local import LocalRunError, check_host, local_spec
+    from disttrain.errors import LocalRunError, SpecError
+    from disttrain.k8s.local import check_host, local_spec
     from disttrain.k8s.local import run_local as run
-    from disttrain.spec import SpecError
 
     spec = _load(script, script_args, spec_file, kwargs)
     try:

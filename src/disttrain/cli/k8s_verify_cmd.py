@@ -3,7 +3,7 @@
     disttrain k8s verify -f job.yaml          # where the job would run: image, GPUs, HAMi, NCCL
     disttrain k8s verify -f job.yaml --json --keep
 
-The check job is `disttrain.verify.verify_job_spec(spec)`: the job's cluster settings,
+The check job is `disttrain.verify.runner.verify_job_spec(spec)`: the job's cluster settings,
 `verify_checks.py` (torch only) shipped in the ConfigMap, named `<name>-verify`.
 Exit codes: 0 all checks passed, 1 a check failed or the cluster refused, 2 bad input.
 """
@@ -30,7 +30,7 @@ def verify(script: str | None, script_args: tuple[str, ...], spec_file: str | No
            steps: int | None, **kwargs: Any) -> None:
     """Run the verify checks as a job where the spec's job would run; print the verdict."""
     from disttrain.cli.verify_cmd import print_report
-    from disttrain.verify import DEFAULT_STEPS, json_lines, verify_job_spec, verify_on_cluster
+    from disttrain.verify.runner import DEFAULT_STEPS, json_lines, verify_job_spec, verify_on_cluster
 
     spec = _load(script, script_args, spec_file, kwargs)
     _render(verify_job_spec(spec))  # bad input: exit 2 before the cluster is contacted

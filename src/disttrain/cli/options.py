@@ -15,7 +15,8 @@ from typing import Any, Literal
 import click
 import yaml
 
-from disttrain.spec import SpecError, field_index
+from disttrain.errors import SpecError
+from disttrain.spec.job import field_index
 
 # fields set by the CLI itself, never by a flag
 HIDDEN = {"port_explicit", "script", "args"}
@@ -160,7 +161,7 @@ def _print_error(message: str) -> int:
 
 def load_spec(spec_file: str | None, overrides: dict[str, Any]):
     """JobSpec from an optional file plus flag overrides; SpecError -> exit 2."""
-    from disttrain.spec import JobSpec
+    from disttrain.spec.job import JobSpec
 
     try:
         return JobSpec.from_yaml(spec_file, overrides)

@@ -37,7 +37,7 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
         spec.launch.port_explicit = True
     _check_inputs(spec)
     if dry_run:
-        from disttrain.launch_argv import torchrun_argv
+        from disttrain.launch.argv import torchrun_argv
 
         click.echo(spec.to_yaml() + "---\n" + " ".join(
             torchrun_argv(spec, spec_path=str(spec.run_dir / "job.yaml"))))
@@ -47,13 +47,13 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
 
 def _prewarm(spec: Any) -> None:
     """Start the workers' warm fork server now, before this process imports torch, and
-    let it load the job's dataset once for all local workers (`disttrain.preload`)."""
+    let it load the job's dataset once for all local workers (`disttrain.launch.forkserver_preload`)."""
     if spec.launch.launcher != "torchrun" or spec.script:
         return
     import os
 
-    from disttrain.launch import prewarm_workers, worker_env
-    from disttrain.launch_argv import resolve_nproc
+    from disttrain.launch.argv import resolve_nproc
+    from disttrain.launch.launchers import prewarm_workers, worker_env
 
     # What the workers will inherit (OMP_NUM_THREADS), without asking torch how many GPUs
     # there are (gpus=0): that import is what the server overlaps.
@@ -80,7 +80,7 @@ def _check_inputs(spec: Any) -> None:
         fail(f"script {spec.script[:300]}: no such file")
     if not spec.script:
         _check_strategy(spec)
-    from disttrain.launch_argv import local_gpu_count
+    from disttrain.launch.argv import local_gpu_count
 
     if spec.train.precision == "fp16" and local_gpu_count() == 0 and not spec.script:
         fail("train.precision: fp16 autocast needs a CUDA GPU; on CPU use --precision bf16")
@@ -88,7 +88,7 @@ def _check_inputs(spec: Any) -> None:
         fail("launch.backend: nccl needs CUDA GPUs and none is visible; use --backend gloo "
              "(or auto)")
     if spec.workload == "mnist" and not spec.train.download:
-        from disttrain.data import DEFAULT_MNIST_DIR, find_mnist, mnist_candidates
+        from disttrain.train.data import DEFAULT_MNIST_DIR, find_mnist, mnist_candidates
 
         root = Path(spec.train.data_dir or DEFAULT_MNIST_DIR)
         if find_mnist(root) is None:
@@ -111,7 +111,8 @@ def _check_strategy(spec: Any) -> None:
         fail(f"launch.nnodes: strategy dp is one process on one machine, not {spec.launch.nnodes} "
              f"nodes; use --strategy ddp across nodes")
     if cfg.strategy == "dp" and spec.launch.launcher == "env":
-        from disttrain.runtime import DistEnvError, read_env
+        from disttrain.distributed.runtime import read_env
+        from disttrain.errors import DistEnvError
 
         try:
             world = read_env().world_size
@@ -150,7 +151,7 @@ def _prepare_run_dir(spec: Any) -> Path:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path = run_dir / "job.yaml"
-    from disttrain.report import write_text_atomic
+    from disttrain.rundir import write_text_atomic
 
     write_text_atomic(spec_path, spec.to_yaml())
     return spec_path
@@ -164,7 +165,8 @@ def _owns_outputs(spec: Any) -> bool:
     """
     if spec.launch.launcher != "env":
         return True
-    from disttrain.runtime import DistEnvError, read_env
+    from disttrain.distributed.runtime import read_env
+    from disttrain.errors import DistEnvError
 
     try:
         return read_env().rank == 0
@@ -173,7 +175,8 @@ def _owns_outputs(spec: Any) -> bool:
 
 
 def _run(spec: Any) -> int:
-    from disttrain.launch import LaunchError, launch
+    from disttrain.errors import LaunchError
+    from disttrain.launch.launchers import launch
 
     spec_path = _prepare_run_dir(spec)
     try:

@@ -41,7 +41,7 @@ def verify(spec_file: str | None, as_json: bool, steps: int | None, fault: str |
     versions match, on every rank. Exit 1 names the failed check and rank."""
     overrides = collect_overrides(kwargs)
     if overrides.get("launcher", "torchrun") == "torchrun" and not spec_file:
-        from disttrain.launch import prewarm_workers
+        from disttrain.launch.launchers import prewarm_workers
 
         prewarm_workers()  # the workers' torch import overlaps ours
     spec = load_spec(spec_file, overrides)
@@ -50,8 +50,8 @@ def verify(spec_file: str | None, as_json: bool, steps: int | None, fault: str |
              f"'{spec.launch.launcher}' is not supported here (drop --launcher)")
     if "master_port" in overrides:
         spec.launch.port_explicit = True
-    from disttrain.launch import LaunchError
-    from disttrain.verify import DEFAULT_STEPS, json_lines, verify_local
+    from disttrain.errors import LaunchError
+    from disttrain.verify.runner import DEFAULT_STEPS, json_lines, verify_local
 
     try:
         results, code = verify_local(spec, fault=fault, steps=steps or DEFAULT_STEPS)
@@ -69,7 +69,7 @@ def print_report(results: Sequence[Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from disttrain.verify import summary_lines
+    from disttrain.verify.runner import summary_lines
 
     console = Console(width=max(100, Console().width), highlight=False)
     ranks = sorted({r.rank for r in results})

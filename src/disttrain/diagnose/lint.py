@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from disttrain.diagnose import lint_rules_io, lint_rules_more  # noqa: F401  (DT006+)
+from disttrain.diagnose import rules_checklist, rules_pitfalls, rules_sync  # noqa: F401  (registers the rules)
 from disttrain.diagnose.lint_ctx import ScriptInfo
-from disttrain.diagnose.lint_rules import CHECKS, RULES, Rule
+from disttrain.diagnose.lint_registry import CHECKS, RULES, Rule
+from disttrain.errors import LintError
 
 __all__ = ["RULES", "Finding", "LintError", "Rule", "format_findings", "lint_paths",
            "lint_source"]
@@ -35,9 +36,6 @@ _IGNORE = re.compile(r"#\s*disttrain:\s*ignore(?:\[(?P<rules>[A-Za-z0-9_,\s]*)\]
 TEXT_SUFFIXES = (".sh", ".bash", ".yaml", ".yml")
 _LAUNCH_TEXT = re.compile(r"torch\.distributed\.launch\b")
 
-
-class LintError(Exception):
-    """The script cannot be read or parsed; the message names the file (and line)."""
 
 
 @dataclass(frozen=True)

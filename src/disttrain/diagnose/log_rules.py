@@ -313,7 +313,7 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("rendezvous_failure", CONSEQUENCE, r"RendezvousClosedError",
          title="the rendezvous was closed (another node failed, or the job is shutting down)"),
     # -- collective_timeout ----------------------------------------------------------------
-    # disttrain's own stall watchdog (disttrain.watchdog) names the rank that stopped
+    # disttrain's own stall watchdog (disttrain.resilience.watchdog) names the rank that stopped
     # (`subject_rank`: the rank the line is about, whichever rank printed it): it
     # is the root cause of the timeouts and "connection closed" errors the others print.
     _sig("collective_timeout", ROOT,

@@ -166,7 +166,7 @@ def interfaces() -> dict[str, Interface]:
 
 def port_in_use(port: int, hosts: tuple[str, ...] = ("0.0.0.0", "127.0.0.1")) -> bool:
     """True when a TCP listener already holds `port` (bind test, as TCPStore would)."""
-    from disttrain.ports import port_free
+    from disttrain.launch.ports import port_free
 
     for host in hosts:
         try:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disttrain.errors import KubeError
 from disttrain.k8s import hami
 from disttrain.k8s.render import LABEL_JOB, RANK_OFFSET
 
@@ -38,9 +39,6 @@ _TYPED = {"Pod": ("core", "pod"), "Service": ("core", "service"),
 _CUSTOM = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs")}
 _LOG_TAIL = 2 * 1024 * 1024  # bytes of each pod's log kept for the doctor
 
-
-class KubeError(RuntimeError):
-    """A cluster operation failed; the message says what and what to check."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from disttrain.spec import JobSpec, SpecError
+from disttrain.errors import CodeError
+from disttrain.spec.job import JobSpec
 
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes; the API server rejects larger ConfigMaps
 SPEC_DIR = "/etc/disttrain"
@@ -29,9 +30,6 @@ SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
 _KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "node_modules"}
 
-
-class CodeError(SpecError):
-    """Code that cannot be shipped; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from disttrain.cluster_spec import ClusterSpec
-from disttrain.spec import SpecError
+from disttrain.errors import SpecError
+from disttrain.spec.cluster import ClusterSpec
 
 HAMI_SCHEDULER = "hami-scheduler"
 GPU = "nvidia.com/gpu"

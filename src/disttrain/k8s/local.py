@@ -33,18 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disttrain.errors import LocalRunError
 from disttrain.k8s.client import tee_tail
 from disttrain.k8s.render import render
-from disttrain.spec import JobSpec
+from disttrain.spec.job import JobSpec
 
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 POD_NET = ipaddress.ip_network("198.18.0.0/24")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER")
 
-
-class LocalRunError(RuntimeError):
-    """run-local cannot run here, or the rendered pods cannot be emulated; says why."""
 
 
 @dataclass(frozen=True)

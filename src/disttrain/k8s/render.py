@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from disttrain.errors import SpecError
 from disttrain.k8s import hami
 from disttrain.k8s.code import SPEC_PATH, CodePlan, configmap_data, plan_code
 from disttrain.k8s.output import ANNOTATION_IMAGE, to_json, to_yaml
 from disttrain.k8s.security import baseline_violations, container_security, pod_security
-from disttrain.launch_argv import resolve_nproc, torchrun_argv, worker_command
-from disttrain.spec import JobSpec, SpecError
+from disttrain.launch.argv import resolve_nproc, torchrun_argv, worker_command
+from disttrain.spec.job import JobSpec
 
 __all__ = ["Rendered", "pod_name_hosts", "quantity", "render", "spec_to_objects", "to_json",
            "to_yaml"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from disttrain.cluster_spec import ClusterSpec
+from disttrain.spec.cluster import ClusterSpec
 
 # Capabilities the baseline level allows to add (pod-security-admission capabilities_baseline).
 BASELINE_CAPABILITIES = frozenset({

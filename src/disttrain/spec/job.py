@@ -21,15 +21,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from disttrain.cluster_spec import ClusterSpec
+from disttrain.errors import SpecError
+from disttrain.spec.cluster import ClusterSpec
 
 EXAMPLES = ("digits", "mnist", "synthetic", "seed002")
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_PROCS = 1024  # processes or threads per node: more is a typo, not a machine
 
-
-class SpecError(ValueError):
-    """A spec, flag or file that cannot be used; the message is meant for the user."""
 
 
 class StrictModel(BaseModel):

@@ -1,6 +1,6 @@
 """Stall detection: a stuck rank ends the job within `timeout_s`, by name.
 
-    # in the launcher (disttrain.launch already does this)
+    # in the launcher (disttrain.launch.launchers already does this)
     with Watchdog("127.0.0.1", port, world_size=2, timeout_s=30, on_stall=report):
         elastic_launch(config, entry)(...)
 
@@ -13,7 +13,7 @@ rank wait for it, and torch's only guard is the collective timeout (30 minutes u
 set), whose error comes from a rank that was *waiting*, not from the stuck one (anchors
 §3 #6, #11). So every rank keeps in memory where it is (optimizer step and phase:
 forward, backward, optimizer, checkpoint, eval) and publishes it to the job's c10d
-store (`disttrain.heartbeat`: a daemon thread, the hot loop never touches the network).
+store (`disttrain.resilience.heartbeat`: a daemon thread, the hot loop never touches the network).
 The launcher's `Watchdog` thread reads those records and, when a rank has made no
 progress for `timeout_s`, reports
 `rank 1 (pid …, host …) made no progress for 30 s; last seen: step 17, phase backward`
@@ -46,7 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from disttrain.heartbeat import KEY_PREFIX, PHASE_ORDER, interval_for, store_client
+from disttrain.errors import RankStalled
+from disttrain.resilience.heartbeat import KEY_PREFIX, PHASE_ORDER, interval_for, store_client
 
 # Set (to any value) when something else watches the job, so rank 0 does not:
 # `launcher` by `disttrain run`, `off` by a user who wants no in-job watchdog.
@@ -318,9 +319,6 @@ def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float,
                     on_stall=report, exit_code=STALL_EXIT_CODE,
                     ranks=(0,) if backup else None, frozen_only=backup)
 
-
-class RankStalled(RuntimeError):
-    """What rank 0's watchdog records in torchrun's error file before it ends the job."""
 
 
 def _record_for_torchrun(exc: RankStalled) -> None:

@@ -2,7 +2,7 @@
 
     torchrun_argv(spec)            # ['torchrun', '--nnodes=1', '--nproc-per-node=2', ...]
 
-Both the local launcher (`disttrain.launch`) and the Kubernetes renderer
+Both the local launcher (`disttrain.launch.launchers`) and the Kubernetes renderer
 (`disttrain.k8s.render`) use this, so what runs in a pod is what ran locally.
 Kept apart from `launch.py` so the renderer does not import torch.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from disttrain.spec import JobSpec
+from disttrain.spec.job import JobSpec
 
 
 def local_gpu_count() -> int:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from disttrain.runtime import Runtime
+from disttrain.distributed.runtime import Runtime
 
 SHARDING = ("full", "hybrid", "none")
 DEFAULT_MIN_PARAMS = 100_000
@@ -147,7 +147,7 @@ def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
         The sharded model (FSDP2: the same object; FSDP1: a wrapper).
     """
     if not rt.distributed:
-        raise RuntimeError("strategy 'fsdp' needs a process group: call disttrain.runtime.setup()")
+        raise RuntimeError("strategy 'fsdp' needs a process group: call disttrain.setup()")
     mesh = _mesh(rt, sharding)
     fully_shard = _fully_shard()
     if fully_shard is not None:

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from disttrain.runtime import rank_seed
+from disttrain.distributed.runtime import rank_seed
+from disttrain.errors import DatasetError
 
 MNIST_FILES = {
     "train_x": "train-images-idx3-ubyte",
@@ -38,9 +39,6 @@ MNIST_FILES = {
 MNIST_MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 DEFAULT_MNIST_DIR = "/data/mnist"
 
-
-class DatasetError(RuntimeError):
-    """A dataset that is missing or unreadable; the message says where it looked."""
 
 
 @dataclass
@@ -199,7 +197,7 @@ def warm_dataset(example: str, data_dir: str | None = None, num_samples: int | N
                  input_size: int | None = None) -> bool:
     """Load a built-in example's data into this process for its forks (never downloads).
 
-    Called by the warm fork server (`disttrain.preload`) while it imports torch._dynamo,
+    Called by the warm fork server (`disttrain.launch.forkserver_preload`) while it imports torch._dynamo,
     on the core the launcher leaves idle then. Returns False when the data cannot be
     loaded without a download (the workers then load it themselves and report why).
     """

@@ -1,48 +1,15 @@
-"""The checklist rules DT001-DT010 (seed 000 appendix A and §8), one function each.
-
-Each check takes a ScriptInfo and yields (node, message, fix or None); None means the
-rule's default fix from RULES. Ids are stable: a new rule takes the next free id, a
-retired rule's id is never reused. DT011 and later live in `lint_rules_more`.
+"""The checklist rules DT001-DT005: the guide's checklist (DDP not DataParallel, a backend
+that fits the device, set_epoch, saving on one rank, LR scaling), one function each;
+registered in `lint_registry.py`.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 from disttrain.diagnose.lint_ctx import ScriptInfo, keyword, literal_str
-
-Hit = tuple[ast.AST, str, "str | None"]
-Check = Callable[[ScriptInfo], Iterator[Hit]]
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rule's stable id, short name, what it catches, and the default fix."""
-
-    id: str
-    name: str
-    summary: str
-    fix: str
-
-
-RULES: dict[str, Rule] = {}
-CHECKS: dict[str, Check] = {}
-
-
-def rule(rule_id: str, name: str, summary: str, fix: str) -> Callable[[Check], Check]:
-    """Register a check under its stable id."""
-    def register(fn: Check) -> Check:
-        RULES[rule_id] = Rule(rule_id, name, summary, fix)
-        CHECKS[rule_id] = fn
-        return fn
-    return register
-
-
-def src(node: ast.AST) -> str:
-    text = ast.unparse(node)
-    return text if len(text) <= 60 else text[:57] + "..."
+from disttrain.diagnose.lint_registry import Hit, rule, src
 
 
 @rule("DT001", "dataparallel",

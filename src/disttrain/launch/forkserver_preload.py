@@ -7,8 +7,8 @@ torch on the other. torchrun's agent then starts the workers with start_method
 "forkserver": each worker is a fork of the warm server and starts training at once.
 The server never touches CUDA, so its forks may use GPUs.
 
-When the launcher names the job's dataset (`disttrain.launch.WARM_DATASET_ENV`, JSON keyword arguments
-of `disttrain.data.warm_dataset`), the server also loads it, in a thread, while it imports
+When the launcher names the job's dataset (`envvars.WARM_DATASET`, JSON keyword
+arguments of `disttrain.train.data.warm_dataset`), the server also loads it, in a thread, while it imports
 torch._dynamo: the launcher is done with its own import by then and leaves a core idle.
 The forks share that one copy read-only (60,000 x 784 synthetic samples: 0.45 s and
 190 MB less per worker). The data is made with one intra-op thread, so the server has
@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from disttrain.launch import WARM_DATASET_ENV
+from disttrain.launch.launchers import WARM_DATASET_ENV
 
 # A local read or generation; past this the server stops waiting and forks without it.
 WARM_DATASET_TIMEOUT_S = 120.0
@@ -32,7 +32,7 @@ def _start_warm_dataset() -> threading.Thread | None:
     text = os.environ.pop(WARM_DATASET_ENV, None)
     if not text:
         return None
-    from disttrain.data import warm_dataset
+    from disttrain.train.data import warm_dataset
 
     torch.set_num_threads(1)  # each worker sets its own count in runtime.setup
     thread = threading.Thread(target=warm_dataset, kwargs=json.loads(text),
@@ -47,7 +47,7 @@ import torch._dynamo  # noqa: E402
 import torch.distributed  # noqa: E402
 import torch.nn.parallel  # noqa: E402
 
-import disttrain.builder  # noqa: E402
+import disttrain.train.build  # noqa: E402
 import disttrain.worker  # noqa: E402, F401
 
 if _warming is not None:

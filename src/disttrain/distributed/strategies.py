@@ -1,12 +1,12 @@
 """How a model is spread over processes: none | dp | ddp | fsdp.
 
     name, note = resolve_strategy("ddp", rt)   # world size 1 -> "none": no DDP wrapper
-    model = wrap(model, name, rt)               # rt = disttrain.runtime.setup()
+    model = wrap(model, name, rt)               # rt = disttrain.distributed.runtime.setup()
     bare = unwrap(model)                        # the user's module, for saving
 
 A plain dict registry of small functions (Lightning Fabric's strategy axis without the
 connector): each takes the bare model on its device and returns the wrapped one.
-Comm hooks live in `disttrain.comm_hooks`, FSDP and its checkpoints in `disttrain.fsdp`.
+Comm hooks live in `distributed/comm_hooks.py`, FSDP and its checkpoints in `distributed/fsdp.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from disttrain.runtime import Runtime
+from disttrain.distributed.runtime import Runtime
+from disttrain.errors import StrategyError
 
 # Printed whenever --strategy dp is asked for (seed 000 §4.2 and its appendix A checklist).
 DP_ADVICE = (
@@ -30,9 +31,6 @@ DP_ADVICE = (
     "memory and work than the others and re-broadcasts the model every step; DDP runs one "
     "process per GPU and overlaps an all-reduce of gradients with the backward pass.")
 
-
-class StrategyError(ValueError):
-    """A strategy that cannot run as asked; the message names the fix."""
 
 
 @dataclass
@@ -116,7 +114,7 @@ def _wrap_dp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
 @register("ddp")
 def _wrap_ddp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
     if not rt.distributed:
-        raise RuntimeError("strategy 'ddp' needs a process group: call disttrain.runtime.setup()")
+        raise RuntimeError("strategy 'ddp' needs a process group: call disttrain.distributed.runtime.setup()")
     kwargs: dict[str, Any] = {
         "gradient_as_bucket_view": opts.gradient_as_bucket_view,
         "static_graph": opts.static_graph,
@@ -134,7 +132,7 @@ def _wrap_ddp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
 
 @register("fsdp")
 def _wrap_fsdp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
-    from disttrain.fsdp import wrap_fsdp
+    from disttrain.distributed.fsdp import wrap_fsdp
 
     return wrap_fsdp(model, rt, opts.fsdp_sharding, opts.fsdp_min_params, opts.fsdp_reduce_dtype)
 
@@ -146,7 +144,7 @@ def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None 
         model: the bare module.
         strategy: a key of STRATEGIES ("none", "dp", "ddp", "fsdp"); see
             `resolve_strategy` for the one to use on this runtime.
-        rt: the runtime from `disttrain.runtime.setup()`.
+        rt: the runtime from `disttrain.distributed.runtime.setup()`.
         opts: strategy knobs.
 
     Returns:
@@ -162,7 +160,7 @@ def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None 
 
 
 def is_fsdp(model: nn.Module) -> bool:
-    from disttrain.fsdp import is_fsdp as _is_fsdp
+    from disttrain.distributed.fsdp import is_fsdp as _is_fsdp
 
     return _is_fsdp(model)
 
@@ -194,7 +192,7 @@ def no_sync(model: nn.Module, skip: bool) -> Iterator[None]:
         with model.no_sync():
             yield
     elif is_fsdp(model):
-        from disttrain.fsdp import fsdp_no_sync
+        from disttrain.distributed.fsdp import fsdp_no_sync
 
         with fsdp_no_sync(model):
             yield
@@ -205,7 +203,7 @@ def no_sync(model: nn.Module, skip: bool) -> Iterator[None]:
 def model_state_dict(model: nn.Module) -> dict[str, Any]:
     """The full, unsharded state_dict of the bare model (for FSDP a collective)."""
     if is_fsdp(model):
-        from disttrain.fsdp import full_state_dict
+        from disttrain.distributed.fsdp import full_state_dict
 
         return full_state_dict(model)
     return unwrap(model).state_dict()
@@ -216,7 +214,7 @@ def params_sha256(model: nn.Module) -> str:
 
     For FSDP the parameters are gathered first, so every rank must call it.
     """
-    from disttrain.sync_check import digest
+    from disttrain.distributed.sync_check import digest
 
     return digest(model_state_dict(model).items())
 

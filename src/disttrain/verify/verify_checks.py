@@ -18,11 +18,11 @@ those is a check here, judged on every rank against an exact expectation:
 - convergence: on every rank the loss of that run falls by CONVERGENCE_MARGIN or more.
 
 Why one torch-only file: `disttrain k8s verify` ships it in the job's ConfigMap and runs
-it with torchrun (`disttrain.verify.verify_job_spec`), so the check works in the guide's
+it with torchrun (`disttrain.verify.runner.verify_job_spec`), so the check works in the guide's
 plain `pytorch/pytorch` image without disttrain in the pod. When disttrain is importable
-the process group is set up by `disttrain.runtime`, as for every other job. The launcher
+the process group is set up by `disttrain.distributed.runtime`, as for every other job. The launcher
 side (`verify_local`, the k8s job spec, reading a verdict back from logs) is in
-`disttrain.verify`.
+`disttrain.verify.runner`.
 
 Fault injection, for tests only: DISTTRAIN_VERIFY_FAULT="<check>:<rank>[,<check>:<rank>]"
 (or `disttrain verify --fault`, hidden) makes <rank> break <check> the way a real fault
@@ -61,7 +61,7 @@ _barrier_calls = 0            # makes the barrier's store key unique per call, e
 
 
 class RankLike(Protocol):
-    """What the checks need from a runtime (`disttrain.runtime.Runtime` has it)."""
+    """What the checks need from a runtime (`disttrain.distributed.runtime.Runtime` has it)."""
 
     @property
     def rank(self) -> int: ...
@@ -328,7 +328,7 @@ def train_task(rt: RankLike, steps: int, perturb: bool = False,
 
 
 def params_sha256(model: nn.Module) -> str:
-    """SHA-256 of the state_dict in order; the same as `disttrain.strategies.params_sha256`
+    """SHA-256 of the state_dict in order; the same as `disttrain.distributed.strategies.params_sha256`
     (repeated here so this file runs with torch alone)."""
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
@@ -353,7 +353,7 @@ def run_checks(rt: RankLike, *, faults: str | dict[str, set[int]] | None = None,
     """Run the checks on this rank and gather every rank's results (call on all ranks).
 
     Args:
-        rt: this rank (a `disttrain.runtime.Runtime`), inside a live process group.
+        rt: this rank (a `disttrain.distributed.runtime.Runtime`), inside a live process group.
         faults: test-only fault injection (default: the DISTTRAIN_VERIFY_FAULT variable).
         steps: DDP steps of the gradient-sync / convergence run.
         checks: which checks, in CHECKS order.
@@ -362,7 +362,7 @@ def run_checks(rt: RankLike, *, faults: str | dict[str, set[int]] | None = None,
         The results of all ranks, by check then rank; the same list on every rank.
 
     Example:
-        >>> with disttrain.runtime.setup() as rt:
+        >>> with disttrain.distributed.runtime.setup() as rt:
         ...     failed = [r for r in run_checks(rt) if not r.ok]
     """
     if faults is None or isinstance(faults, str):
@@ -484,7 +484,7 @@ class _BareRank:
 
 
 def _bare_setup(backend: str, timeout_s: float) -> _BareRank:
-    # NOTE: the same env contract as disttrain.runtime.setup, for the k8s verify pod whose
+    # NOTE: the same env contract as disttrain.distributed.runtime.setup, for the k8s verify pod whose
     # image may have torch alone; init_process_group reads RANK/WORLD_SIZE/MASTER_* itself.
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "auto":
@@ -503,7 +503,7 @@ def _bare_setup(backend: str, timeout_s: float) -> _BareRank:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python verify_checks.py` under torchrun (the k8s verify pod), or `-m disttrain.verify`."""
+    """`python verify_checks.py` under torchrun (the k8s verify pod), or `-m disttrain.verify.runner`."""
     parser = argparse.ArgumentParser(prog="verify_checks.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
     parser.add_argument("--timeout-s", type=float, default=300.0)
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="JSON lines instead of text")
     args = parser.parse_args(argv)
     try:
-        from disttrain import runtime
+        from disttrain.distributed import runtime
     except ImportError:
         rt: Any = _bare_setup(args.backend, args.timeout_s)
         close = dist.destroy_process_group

@@ -1,6 +1,6 @@
 """Are the ranks still training one model? Compare parameters or gradients across ranks.
 
-    from disttrain.sync_check import check_in_sync
+    from disttrain.distributed.sync_check import check_in_sync
     report = check_in_sync(model)                  # every rank calls it: it is a collective
     if not report.in_sync:
         print(report.describe())                   # which rank, which tensor, by how much
@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from disttrain.strategies import is_fsdp, model_state_dict, unwrap
+from disttrain.distributed.strategies import is_fsdp, model_state_dict, unwrap
 
 What = Literal["params", "grads", "state"]
 _PARAM_CAUSES = ("an optimizer step or weight update made on some ranks only; a model built "

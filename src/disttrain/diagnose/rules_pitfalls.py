@@ -12,7 +12,7 @@ import ast
 from collections.abc import Iterator
 
 from disttrain.diagnose.lint_ctx import ScriptInfo, keyword, literal_str
-from disttrain.diagnose.lint_rules import Hit, rule, src
+from disttrain.diagnose.lint_registry import Hit, rule, src
 
 _AMP = ("torch.cuda.amp", "torch.cpu.amp")
 

@@ -8,10 +8,10 @@
 Why: every rank keeps in memory where it is (optimizer step and phase: forward,
 backward, optimizer, checkpoint, eval) and a daemon thread publishes that to the job's
 c10d store as `disttrain/hb/<rank>` every `interval_for(timeout_s)` seconds, so the hot
-loop never touches the network. `disttrain.watchdog` reads these records and names the
+loop never touches the network. `disttrain.resilience.watchdog` reads these records and names the
 rank that stopped making progress.
 
-The heartbeat is also where the test-only fault hook fires (`disttrain.faults`,
+The heartbeat is also where the test-only fault hook fires (`disttrain.resilience.faults`,
 `DISTTRAIN_FAULT=kill:rank=1:step=17`), so injected failures land at exact steps.
 """
 
@@ -26,12 +26,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from disttrain.faults import Fault
+from disttrain.resilience.faults import Fault
 
 if TYPE_CHECKING:
     import torch
 
-    from disttrain.runtime import Runtime
+    from disttrain.distributed.runtime import Runtime
 
 KEY_PREFIX = "disttrain/hb/"
 # Order of phases within one optimizer step: the rank furthest behind is the one the

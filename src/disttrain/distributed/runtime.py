@@ -1,6 +1,6 @@
 """Process-group lifecycle from the launcher's environment, device binding, rank helpers.
 
-    from disttrain import runtime
+    from disttrain.distributed import runtime
     with runtime.setup(backend="auto", timeout_s=300) as rt:
         model = model.to(rt.device)
         rt.print0("only rank 0 prints this")
@@ -28,15 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from disttrain.heartbeat import collective_timeout_s
+from disttrain.errors import DistEnvError
+from disttrain.resilience.heartbeat import collective_timeout_s
 
 log = logging.getLogger("disttrain")
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
-
-class DistEnvError(RuntimeError):
-    """The distributed environment variables are missing or malformed."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +312,7 @@ def add_dist_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         >>> with setup_from_args(args) as rt:
         ...     rt.print0(rt.rank, rt.world_size)
     """
-    g = parser.add_argument_group("distributed (disttrain.runtime)")
+    g = parser.add_argument_group("distributed (disttrain.distributed.runtime)")
     g.add_argument("--world-size", type=int, default=None, metavar="N",
                    help="processes in the job (default: WORLD_SIZE from the launcher, else 1)")
     g.add_argument("--rank", type=int, default=None, metavar="R",

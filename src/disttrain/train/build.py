@@ -1,6 +1,6 @@
 """Assemble a Trainer from a JobSpec: data, model, strategy, optimizer, schedule, writer.
 
-    trainer = build_trainer(spec, rt)     # rt = disttrain.runtime.setup(...)
+    trainer = build_trainer(spec, rt)     # rt = disttrain.distributed.runtime.setup(...)
 
 Kept apart from the loop (torchtitan keeps config, parallelism and loop apart) so that
 `Trainer` only stores already-built parts and tests can build one from pieces. Choices
@@ -18,13 +18,9 @@ from collections.abc import Callable
 
 import torch
 
-from disttrain.comm_hooks import CommStats, register_comm_hook
-from disttrain.data import ShardedLoader, Splits, is_warm, load_dataset
-from disttrain.models import build_model
-from disttrain.report import RunWriter
-from disttrain.runtime import Runtime, seed_everything
-from disttrain.spec import JobSpec, TrainSpec
-from disttrain.strategies import (
+from disttrain.distributed.comm_hooks import CommStats, register_comm_hook
+from disttrain.distributed.runtime import Runtime, seed_everything
+from disttrain.distributed.strategies import (
     DP_ADVICE,
     StrategyError,
     WrapOptions,
@@ -32,8 +28,12 @@ from disttrain.strategies import (
     resolve_strategy,
     wrap,
 )
-from disttrain.trainer import Trainer
-from disttrain.tuning import Precision, build_optimizer, global_batch, scaled_lr, warmup_lambda
+from disttrain.examples.models import build_model
+from disttrain.rundir import RunWriter
+from disttrain.spec.job import JobSpec, TrainSpec
+from disttrain.train.data import ShardedLoader, Splits, is_warm, load_dataset
+from disttrain.train.precision import Precision, build_optimizer, global_batch, scaled_lr, warmup_lambda
+from disttrain.train.trainer import Trainer
 
 __all__ = ["build_optimizer", "build_trainer", "load_splits_local_rank0_first", "planned_steps"]
 REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -166,7 +166,7 @@ def _fsdp_bytes(model: torch.nn.Module, strategy: str, comm_hook: str) -> int:
     with); DDP's are measured by its comm hook and put in the summary by the Trainer."""
     if strategy != "fsdp":
         return 0
-    from disttrain.fsdp import reduced_grad_bytes
+    from disttrain.distributed.fsdp import reduced_grad_bytes
 
     return reduced_grad_bytes(model, REDUCE_DTYPES.get(comm_hook))
 

@@ -20,9 +20,7 @@ from typing import Any
 
 import torch
 
-
-class PrecisionError(ValueError):
-    """A precision this device cannot run."""
+from disttrain.errors import PrecisionError
 
 
 def global_batch(batch_size: int, world_size: int, grad_accum: int) -> int:

@@ -28,13 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from disttrain.errors import CheckpointError
+
 log = logging.getLogger("disttrain")
 CKPT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
 TMP_RE = re.compile(r"^\..+\.(\d+)\.tmp$")  # `.<name>.<pid>.tmp` of atomic writes
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used (corrupt, truncated, or from another job)."""
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,7 +1,9 @@
 """The training loop, done the way seed 000 §5-§7 asks, with the pitfalls handled for you.
 
-    from disttrain import JobSpec, runtime
-    from disttrain.trainer import build_trainer
+    from disttrain import JobSpec
+
+    from disttrain.distributed import runtime
+    from disttrain.train.trainer import build_trainer
     with runtime.setup() as rt:
         summary = build_trainer(JobSpec(), rt).fit()
 
@@ -24,17 +26,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from disttrain import heartbeat
-from disttrain.checkpoint import load_latest, rng_state, save_checkpoint, set_rng_state
-from disttrain.comm_hooks import CommStats
 from disttrain.console import EpochTable
-from disttrain.data import ShardedLoader, eval_shard
-from disttrain.report import RunWriter
-from disttrain.runtime import Runtime
-from disttrain.spec import TrainSpec
-from disttrain.strategies import eval_module, is_fsdp, no_sync, unwrap
-from disttrain.sync_check import check_in_sync
-from disttrain.tuning import Precision
+from disttrain.distributed.comm_hooks import CommStats
+from disttrain.distributed.runtime import Runtime
+from disttrain.distributed.strategies import eval_module, is_fsdp, no_sync, unwrap
+from disttrain.distributed.sync_check import check_in_sync
+from disttrain.resilience import heartbeat
+from disttrain.rundir import RunWriter
+from disttrain.spec.job import TrainSpec
+from disttrain.train.checkpoint import load_latest, rng_state, save_checkpoint, set_rng_state
+from disttrain.train.data import ShardedLoader, eval_shard
+from disttrain.train.precision import Precision
 
 FLUSH_RECORDS = 50  # gather logged losses to rank 0 every this many records (one collective)
 
@@ -256,7 +258,7 @@ class Trainer:
         rngs = self.rt.all_gather_object(rng_state())
         sharded = None
         if is_fsdp(self.model):  # every rank writes its shards (a collective)
-            from disttrain.fsdp import save_sharded
+            from disttrain.distributed.fsdp import save_sharded
 
             sharded = save_sharded(self.info["run_dir"] / "checkpoints", self.state.step,
                                    self.model, self.optimizer, rank0=self.rt.is_rank0)
@@ -289,7 +291,7 @@ class Trainer:
             raise RuntimeError(f"{path}: saved with world size {ckpt.get('world_size')}, "
                                f"this job has {self.rt.world_size}; the data order would differ")
         if ckpt.get("dcp"):  # FSDP: every rank loads its shards of model and optimizer
-            from disttrain.fsdp import load_sharded
+            from disttrain.distributed.fsdp import load_sharded
 
             load_sharded(path.parent / ckpt["dcp"], self.model, self.optimizer)
         else:
@@ -338,7 +340,7 @@ class Trainer:
     def _records_last_loss(self) -> float | None:
         if not self.writer:
             return None
-        from disttrain.report import read_metrics
+        from disttrain.rundir import read_metrics
 
         train = [r for r in read_metrics(self.writer.metrics_path) if r.get("split") == "train"]
         if not train:

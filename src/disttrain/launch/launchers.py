@@ -4,7 +4,7 @@
     outcome = launch_function(spec, entry, arg)      # {rank: entry(arg)} or failures
 
 Every launcher gives each worker the same environment contract (seed 000 §2.2), which
-`disttrain.runtime` reads: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+`disttrain.distributed.runtime` reads: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT. OMP_NUM_THREADS is set to cores / local processes so ranks do not fight
 over cores. The built-in job runs as a function that torchrun's elastic agent *forks*
 on CPU (no second torch import per worker, about 1 s saved); user scripts run as
@@ -34,16 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from disttrain.launch_argv import resolve_nproc
-from disttrain.spec import JobSpec
-
-
-class LaunchError(RuntimeError):
-    """The job cannot be started as asked (e.g. an explicitly requested port is taken)."""
-
-
-class PortTaken(LaunchError):
-    """The rendezvous port was taken between choosing it and binding it."""
+from disttrain.errors import LaunchError, PortTaken
+from disttrain.launch.argv import resolve_nproc
+from disttrain.spec.job import JobSpec
 
 
 @dataclass
@@ -66,7 +59,7 @@ class LaunchResult:
 
 
 # -- ports (seed 000 §8.3) ---------------------------------------------------------------
-from disttrain.ports import port_free  # noqa: E402 - re-exported for callers of launch
+from disttrain.launch.ports import port_free  # noqa: E402 - re-exported for callers of launch
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -117,18 +110,18 @@ def _process_start() -> float:
         return time.time()
 
 
-# The built-in job's dataset, for the warm fork server to load (`disttrain.preload`).
+# The built-in job's dataset, for the warm fork server to load (`disttrain.launch.forkserver_preload`).
 WARM_DATASET_ENV = "DISTTRAIN_WARM_DATASET"
 
 
 def prewarm_workers(dataset: dict[str, Any] | None = None) -> bool:
-    """Start the warm fork server for built-in-job workers (see `disttrain.preload`).
+    """Start the warm fork server for built-in-job workers (see `disttrain.launch.forkserver_preload`).
 
     Call before importing torch in the launcher, so both imports overlap. Returns False
     where fork servers do not exist (non-POSIX).
 
     Args:
-        dataset: keyword arguments of `disttrain.data.warm_dataset` (the built-in job's
+        dataset: keyword arguments of `disttrain.train.data.warm_dataset` (the built-in job's
             data), for the server to load once for all its forks; only the call that
             starts the server passes them on.
     """
@@ -137,7 +130,7 @@ def prewarm_workers(dataset: dict[str, Any] | None = None) -> bool:
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
-    multiprocessing.set_forkserver_preload(["disttrain.preload"])
+    multiprocessing.set_forkserver_preload(["disttrain.launch.forkserver_preload"])
     if dataset is not None:  # the server inherits this environment when it starts
         os.environ[WARM_DATASET_ENV] = json.dumps(dataset)
     try:
@@ -204,7 +197,7 @@ def _watchdog(spec: JobSpec, nproc: int) -> Iterator[Any]:
     if launch.launcher == "env":
         yield None
         return
-    from disttrain.watchdog import ENV_WATCHDOG, Stall, Watchdog, stall_line
+    from disttrain.resilience.watchdog import ENV_WATCHDOG, Stall, Watchdog, stall_line
 
     host, port = launch.master_addr, launch.master_port
     if launch.nnodes > 1 and launch.launcher == "torchrun" and launch.rdzv_endpoint:

@@ -4,7 +4,7 @@
 
 TESTING ONLY. `DISTTRAIN_FAULT=ACTION:rank=R:step=S[:phase=P][:restart=N]` makes rank R
 kill (SIGKILL), stop (SIGSTOP), hang (sleep forever, alive), exit (exit code 3) or raise
-when its heartbeat (`disttrain.heartbeat`) reaches optimizer step S, in phase P if given
+when its heartbeat (`disttrain.resilience.heartbeat`) reaches optimizer step S, in phase P if given
 (forward, backward, optimizer, between steps, checkpoint, eval, finish), during restart
 round N (default 0, so a restarted job runs clean). The variable is read here alone, once
 per process when the heartbeat starts; unset, it costs one `is None` test per beat.

@@ -3,14 +3,14 @@
     disttrain verify                                 # 2 gloo ranks on CPU, one rank per GPU
     disttrain verify --nproc-per-node 4 --json       # one JSON object per check and rank
 
-    from disttrain.verify import run_checks, verify_local
+    from disttrain.verify.runner import run_checks, verify_local
     results = run_checks(rt)                         # inside any live process group
     results, code = verify_local(spec)               # launch the ranks like any job
     k8s_spec = verify_job_spec(spec)                 # what `disttrain k8s verify` renders
     results, code = verify_on_cluster(spec, cluster) # render, apply, follow, verdict
 
 The checks themselves (what each one compares, the fault injection used by tests) are
-in `disttrain.verify_checks`, a file that needs only torch so it can run in a pod
+in `disttrain.verify.verify_checks`, a file that needs only torch so it can run in a pod
 without disttrain; this module is the launcher side.
 """
 
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from disttrain import verify_checks
-from disttrain.verify_checks import (
+from disttrain.verify import verify_checks
+from disttrain.verify.verify_checks import (
     CHECKS,
     CONVERGENCE_MARGIN,
     DEFAULT_STEPS,
@@ -39,7 +39,7 @@ from disttrain.verify_checks import (
 )
 
 if TYPE_CHECKING:
-    from disttrain.spec import JobSpec
+    from disttrain.spec.job import JobSpec
 
 __all__ = ["CHECKS", "CONVERGENCE_MARGIN", "DEFAULT_STEPS", "FAULT_ENV", "CheckResult",
            "json_lines", "main", "parse_faults", "parse_verdict", "run_checks", "summary_lines",
@@ -71,7 +71,7 @@ def parse_verdict(text: str) -> tuple[list[CheckResult], dict[str, Any] | None]:
 
 def worker(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """One rank under disttrain's launcher: set up, check, tear down; all ranks' results."""
-    from disttrain import runtime
+    from disttrain.distributed import runtime
 
     with runtime.setup(opts.get("backend", "auto"), opts.get("timeout_s", 300.0),
                        threads=opts.get("threads")) as rt:
@@ -101,12 +101,12 @@ def verify_local(spec: JobSpec, *, fault: str | None = None,
 
     Raises:
         ValueError: a malformed `fault`.
-        disttrain.launch.LaunchError: an explicitly requested port is taken.
+        disttrain.launch.launchers.LaunchError: an explicitly requested port is taken.
 
     Example:
         >>> results, code = verify_local(JobSpec.from_dict({}, {"nproc_per_node": 2}))
     """
-    from disttrain.launch import launch_function
+    from disttrain.launch.launchers import launch_function
 
     fault = fault if fault is not None else os.environ.get(FAULT_ENV)
     parse_faults(fault)
@@ -131,7 +131,7 @@ def verify_job_spec(spec: JobSpec, *, steps: int = DEFAULT_STEPS) -> JobSpec:
     named `<name>-verify`. Rank 0 of the pod prints `--json` lines and the pod exits
     non-zero when a check fails; read its log with `parse_verdict`.
     """
-    from disttrain.spec import JobSpec
+    from disttrain.spec.job import JobSpec
 
     data = spec.model_dump()
     data["name"] = spec.name[:56].rstrip("-") + "-verify"
@@ -164,10 +164,10 @@ def verify_on_cluster(spec: JobSpec, cluster: Any, *, out: Any = print, keep: bo
         (a pod that never started or crashed) is a failed "launch" check naming the pods.
 
     Raises:
-        disttrain.spec.SpecError: the spec cannot be rendered (bad input, exit 2).
+        disttrain.spec.job.SpecError: the spec cannot be rendered (bad input, exit 2).
         disttrain.k8s.client.KubeError: the cluster refused or could not be reached.
     """
-    from disttrain.k8s.client import KubeError
+    from disttrain.errors import KubeError
     from disttrain.k8s.render import render
 
     vspec = verify_job_spec(spec, steps=steps)

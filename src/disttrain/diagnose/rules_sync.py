@@ -1,4 +1,5 @@
-"""Checklist rules DT006-DT010: barriers, devices, the launcher, teardown, downloads."""
+"""Rules DT006-DT010 on synchronisation and devices: barriers, the device of each rank, the
+launcher, teardown, downloads by every rank."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import ast
 from collections.abc import Iterator
 
 from disttrain.diagnose.lint_ctx import ScriptInfo, keyword, literal_str
-from disttrain.diagnose.lint_rules import Hit, rule, src
+from disttrain.diagnose.lint_registry import Hit, rule, src
 
 _BARRIERS = ("barrier", "monitored_barrier", "wait_for_everyone")
 
