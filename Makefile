@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: run test lint install install-test bench clean
+.PHONY: run test fuzz lint install install-test bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ run: install
 test: install-test
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
+
+## make fuzz: the property tests with new random inputs and 10x the examples, for exploring
+## (make test runs a fixed set); keep an input it finds as an @example of its test
+fuzz: install-test
+	$(PY) -m pytest -q --hypothesis-profile=fuzz tests/test_fuzz.py tests/diagnose/test_properties.py
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks examples

@@ -28,12 +28,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from disttrain import envvars
+
 HERE = Path(__file__).resolve().parent
 
 
 def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("DISTTRAIN_T0", None)
+    env = {**os.environ, envvars.OMP_NUM_THREADS: "1"}
+    env.pop(envvars.T0, None)
     return env
 
 

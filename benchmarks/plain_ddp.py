@@ -1,23 +1,22 @@
 #!/usr/bin/env python3
-"""The plain, hand-written DDP loop of seed 000 §6 on the synthetic benchmark workload.
+"""The plain, hand-written DDP loop a user starts from, on the synthetic benchmark workload.
 
     torchrun --standalone --nproc_per_node=2 benchmarks/plain_ddp.py
     torchrun --standalone --nproc_per_node=2 benchmarks/plain_ddp.py --steps 300 --warmup 20 --out plain.json
 
 The reference the project's benchmarks compare with (`disttrain bench overhead` runs it
-beside the Trainer). It imports no disttrain and does only what the guide's script does:
+beside the Trainer). It imports no disttrain and does only what a textbook DDP script does:
 init_process_group, DistributedSampler + set_epoch, DDP(model), Adam, CrossEntropyLoss,
-on gloo, one thread per process. The workload is shared/reference/perf-baseline.md's and
-the same data as `disttrain run --example synthetic`: SimpleNet 784-512-10, batch 64
-per process, 60,000 N(0, 1) images (seed 1234) labelled by a fixed random linear teacher
-(seed 4321).
+on gloo, one thread per process. The workload is docs/performance.md's and the same data
+as `disttrain run --example synthetic`: SimpleNet 784-512-10, batch 64 per process,
+60,000 N(0, 1) images (seed 1234) labelled by a fixed random linear teacher (seed 4321).
 
-Measured as perf-baseline.md measures: samples_per_s = global samples of the `--steps`
+Measured as docs/performance.md describes: samples_per_s = global samples of the `--steps`
 steps after `--warmup` steps / their duration on rank 0; first_step_s = start of the
 launcher's process (torchrun, this worker's parent, read from /proc) -> end of the first
 optimizer step, the measure disttrain's summary.json calls first_step_s.
 
-`--loader dataloader` (default) is the guide's DataLoader over a TensorDataset;
+`--loader dataloader` (default) is the usual DataLoader over a TensorDataset;
 `--loader index` takes each batch by indexing in DistributedSampler's order (what
 disttrain's ShardedLoader does), to separate data-loading cost from the rest.
 """
@@ -54,7 +53,7 @@ class SimpleNet(nn.Module):
 
 
 def synthetic(num_samples: int, input_size: int) -> TensorDataset:
-    """disttrain.train.data.load_synthetic's training split, rebuilt with torch alone."""
+    """disttrain.examples.datasets.load_synthetic's training split, rebuilt with torch alone."""
     x = torch.randn(num_samples + max(num_samples // 10, 1), input_size,
                     generator=torch.Generator().manual_seed(1234))
     teacher = torch.randn(input_size, 10, generator=torch.Generator().manual_seed(4321))

@@ -6,11 +6,11 @@
     python benchmarks/strategies_table.py --ablation       # 1 process: what each default buys
     python benchmarks/strategies_table.py --paired         # Trainer vs plain DDP, same processes
 
-The synthetic workload of shared/reference/perf-baseline.md (SimpleNet 784-512-10,
+The synthetic workload of docs/performance.md (SimpleNet 784-512-10,
 batch 64 per process, Adam lr 1e-3, gloo, 2 processes, 1 thread each), run as users run
 it: `disttrain run --example synthetic --comm-hook H --grad-accum K`. Rows: hooks
 none / fp16 / bf16 / powersgd at K=1, and K=4 without a hook. samples/s is the
-perf-baseline window (optimizer steps warmup+1 .. warmup+steps on rank 0, from
+benchmark window (optimizer steps warmup+1 .. warmup+steps on rank 0, from
 metrics.jsonl); bytes and all-reduces per optimizer step are what the comm hook's counter
 measured (summary.json). Rounds are interleaved and rotate the order, because this
 shared machine drifts by tens of percent between runs: read the paired ratio to the
@@ -19,8 +19,8 @@ shared machine drifts by tens of percent between runs: read the paired ratio to 
 `--ablation` times the 1-process training step in this process, adding the Trainer's
 defaults one at a time to the plain loop (DataLoader, DDP with world size 1, for-loop Adam,
 zero_grad()), variants interleaved block by block so host drift hits all alike. The
-allocator is pinned (runtime.tune_allocator) for all of them: it cannot be undone within
-a process, and perf-baseline.md measured its effect separately.
+allocator is pinned (process.tune_allocator) for all of them: it cannot be undone within
+a process, and docs/performance.md gives its effect, measured separately.
 
 `--paired` runs the Trainer's own step (`build_trainer` + `train_step` + `optimizer_step`)
 and a plain DDP loop (DataLoader, DDP(model), Adam, zero_grad()) in the same 1 and 2
@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from disttrain import envvars
+
 CONFIGS = [("none", 1), ("fp16", 1), ("bf16", 1), ("powersgd", 1), ("none", 4)]
 
 
@@ -56,8 +58,8 @@ def run_one(hook: str, k: int, args: argparse.Namespace, run_dir: Path) -> dict[
             "--max-steps", str(args.warmup + args.steps), "--log-every-steps", str(log_every),
             "--checkpoint-every-epochs", "0", "--threads", "1", "--master-port", "0",
             "--comm-hook", hook, "--grad-accum", str(k), "--run-dir", str(run_dir)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("DISTTRAIN_T0", None)
+    env = {**os.environ, envvars.OMP_NUM_THREADS: "1"}
+    env.pop(envvars.T0, None)
     res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{res.stderr[-3000:]}")
@@ -116,8 +118,8 @@ def ablation(blocks: int, block_steps: int) -> str:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from disttrain.distributed.runtime import tune_allocator
-    from disttrain.train.data import load_synthetic
+    from disttrain.distributed.process import tune_allocator
+    from disttrain.examples.datasets import load_synthetic
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The guide's §6 DDP script, written so it is correct on CPU and GPU, alone or in a pod.
+"""The deployment guide's DDP script, written so it is correct on CPU and GPU, alone or in a pod.
 
     torchrun --nproc_per_node=2 examples/train_ddp.py                 # digits, CPU or GPU
     torchrun --nproc_per_node=2 examples/train_ddp.py --data mnist --data-dir /data/mnist
@@ -11,7 +11,7 @@ in the guide's pytorch/pytorch image. What differs from the guide's version, and
 - device from LOCAL_RANK, not RANK (RANK is global: wrong on the second node);
 - DDP gets device_ids only on GPU (DDP on CPU rejects them);
 - MNIST is read from local IDX files; it is never downloaded by every rank at once;
-- the learning rate is scaled with the world size (guide §7.2 / appendix A);
+- the learning rate is scaled with the world size (the global batch grows with it);
 - set_epoch every epoch; evaluation summed over all ranks; only rank 0 prints and saves;
 - a barrier after rank 0 saves, so no rank reads a half-written file; the process
   group is always destroyed, also on error.

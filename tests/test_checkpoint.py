@@ -219,3 +219,81 @@ def test_writer_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
     assert not [p for p in ckpt_dir.iterdir() if p.name.endswith(".tmp")]
     found = load_latest(ckpt_dir)
     assert found is not None and found[0]["step"] == 3
+
+
+# -- the Trainer's checkpoints: what is saved, the resume policy ---------------------------
+class _OneRank:
+    """Enough of a Runtime for the Checkpointer at world size 1 (or a pretended other
+    world size, or other ranks' answers to the all-gather)."""
+
+    def __init__(self, world_size: int = 1, others: list | None = None):
+        self.rank, self.world_size, self.is_rank0, self.others = 0, world_size, True, others
+
+    def all_gather_object(self, obj):
+        return [obj, *self.others] if self.others is not None else [obj] * self.world_size
+
+    def barrier(self) -> None:
+        pass
+
+
+def _parts(seed: int):
+    from disttrain.train.optim import build_optimizer, warmup_lambda
+    from disttrain.train.precision import Precision
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = build_optimizer("adam", model.parameters(), 0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(5))
+    return model, opt, sched, Precision.create("fp32", torch.device("cpu"))
+
+
+def test_checkpointer_restores_parts_position_and_rng(tmp_path):
+    from disttrain.train.checkpoint import Checkpointer, TrainState
+
+    model, opt, sched, amp = _parts(0)
+    model(torch.randn(8, 4)).square().mean().backward()
+    opt.step()
+    sched.step()
+    ckpt = Checkpointer(_OneRank(), tmp_path, model, opt, sched, amp)
+    ckpt.save(TrainState(epoch=1, batch_in_epoch=3, step=7, samples=100), write=True)
+    after_save = torch.rand(3)
+
+    fresh = _parts(1)
+    found = Checkpointer(_OneRank(), tmp_path, *fresh).restore()
+    assert found is not None
+    restored, path = found
+    assert restored == TrainState(1, 3, 7, 100) and path.name == "ckpt-00000007.pt"
+    assert torch.equal(torch.rand(3), after_save), "the RNG continues where the save left it"
+    assert torch.equal(fresh[0].weight, model.weight)
+    assert fresh[1].state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    assert fresh[2].state_dict() == sched.state_dict()
+    saved = load_checkpoint(path)  # the plain weights, loadable without disttrain
+    assert set(saved["model"]) == {"weight", "bias"} and saved["world_size"] == 1
+
+
+def test_checkpointer_without_write_leaves_the_file_to_rank0(tmp_path):
+    from disttrain.train.checkpoint import Checkpointer, TrainState
+
+    Checkpointer(_OneRank(), tmp_path, *_parts(0)).save(TrainState(step=2), write=False)
+    assert list_checkpoints(tmp_path) == []
+    assert Checkpointer(_OneRank(), tmp_path, *_parts(0)).restore() is None
+
+
+def test_resume_refuses_another_world_size_and_ranks_that_disagree(tmp_path):
+    from disttrain.train.checkpoint import Checkpointer, TrainState
+
+    Checkpointer(_OneRank(), tmp_path, *_parts(0)).save(TrainState(step=5), write=True)
+    with pytest.raises(CheckpointError, match="saved with world size 1, this job has 2"):
+        Checkpointer(_OneRank(world_size=2), tmp_path, *_parts(0)).restore()
+    disagree = _OneRank(world_size=2, others=[None])
+    with pytest.raises(CheckpointError, match=r"different checkpoints .*step by rank: \[5, None\]"):
+        Checkpointer(disagree, tmp_path, *_parts(0)).restore()
+
+
+def test_resume_is_requested_by_the_flag_or_a_torchrun_restart(monkeypatch):
+    from disttrain.train.checkpoint import resume_requested
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert resume_requested(True) and not resume_requested(False)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert resume_requested(False)

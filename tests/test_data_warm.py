@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disttrain.train import data
+from disttrain.examples import datasets as data
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,11 @@
 """Hostile input never crashes the tool: property-based fuzzing (hypothesis) of specs,
-flags, rendered manifests, logs, checkpoints and the fault hook (issue 7).
+flags, rendered manifests, logs, checkpoints and the fault hook.
 
 Every property is "a result or the documented error, nothing else": SpecError for specs,
 exit code 0 or 2 with an `error:` line for the command line, CheckpointError for
-checkpoint files. The number of examples is bounded so CI stays fast.
+checkpoint files. Under `make test` the inputs are the same on every run (the "ci"
+profile of tests/conftest.py), plus the `@example`s that once found a bug; `make fuzz`
+draws fresh ones, ten times as many, to find the next.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from disttrain.cli.main import cli
@@ -23,11 +25,15 @@ from disttrain.cli.options import HIDDEN
 from disttrain.errors import SpecError
 from disttrain.spec.job import JobSpec, field_index
 
-pytestmark = pytest.mark.timeout(240)
+# The profile's max_examples over hypothesis' default of 100: 1 under "ci", 10 under "fuzz".
+SCALE = settings.default.max_examples / 100
+pytestmark = pytest.mark.timeout(round(240 * SCALE))
+LONG_NAME = "[" * 300  # longer than a file name may be (255): stat raises ENAMETOOLONG
 
 
 def fuzz(n: int) -> Any:
-    return settings(max_examples=n, deadline=None, database=None,
+    """`n` examples per test in `make test`, scaled by the loaded profile (`make fuzz`)."""
+    return settings(max_examples=max(1, round(n * SCALE)), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -83,6 +89,8 @@ def invoke(argv: list[str]) -> Any:
 # -- specs -----------------------------------------------------------------------------
 @fuzz(300)
 @given(documents, st.dictionaries(st.sampled_from(FIELDS), values, max_size=3))
+@example({"cluster": {"image": "a\x00b"}}, {})
+@example({"cluster": {"env": {"A": "a\x00b"}}}, {"scheduler": "x\x00"})
 def test_spec_from_dict_is_a_spec_or_a_spec_error(data, overrides):
     try:
         spec = JobSpec.from_dict(data, overrides)
@@ -130,6 +138,8 @@ def test_known_hostile_spec_values_are_refused_with_the_field_named():
 # -- the command line --------------------------------------------------------------------
 @fuzz(150)
 @given(flags((None, "launch", "train")))
+@example([LONG_NAME])
+@example(["--example", "mnist", "--data-dir", LONG_NAME])
 def test_run_flags_exit_0_or_2(argv):
     invoke(["run", "--dry-run", *argv])
 
@@ -243,6 +253,8 @@ def test_render_returns_objects_or_a_spec_error_with_secure_pods(tmp_path_factor
 
 @fuzz(60)
 @given(flags((None, "launch", "train", "cluster")))
+@example(["--image-has-disttrain", "[" * 2000])  # SCRIPT too long a name: was an OSError
+@example(["--code", "{files: [%s]}" % ("x" * 300)])
 def test_k8s_render_flags_exit_0_or_2(argv):
     invoke(["k8s", "render", "--image", "reg.local/pytorch:1", *argv])
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import click
 import pytest
 
-from disttrain.cli.run_cmd import RUN_OUTPUTS, _prepare_run_dir
+from disttrain.cli.run_cmd import _prepare_run_dir
 from disttrain.launch.argv import resolve_nproc, torchrun_argv
+from disttrain.rundir import RUN_OUTPUTS
 from disttrain.spec.job import JobSpec
 from tests.conftest import run_cli
 
@@ -135,10 +136,11 @@ def test_env_malformed_rank_is_refused_before_deleting(tmp_path, monkeypatch, ca
 # -- 4. local rank 0 downloads before the other ranks load ---------------------------
 def _build_with_download(marker: str, run_dir: str) -> list[bool]:
     """build_trainer on this rank with a loader that fails unless rank 0 went first."""
+    from disttrain.examples import workload
     from disttrain.testing import setup_for_test
     from disttrain.train import build as builder
 
-    real, calls = builder.load_dataset, []
+    real, calls = workload.load_dataset, []
 
     def fake_load(example: str, *, download: bool = False, **kwargs):
         calls.append(download)
@@ -149,7 +151,7 @@ def _build_with_download(marker: str, run_dir: str) -> list[bool]:
             raise FileNotFoundError("dataset files not there yet: rank 0 is still downloading")
         return real(example, download=False, **kwargs)
 
-    builder.load_dataset = fake_load
+    workload.load_dataset = fake_load
     with setup_for_test() as rt:
         spec = _spec(download=True, run_dir=run_dir, epochs=1, checkpoint_every_epochs=0)
         builder.build_trainer(spec, rt)
@@ -165,8 +167,8 @@ def test_build_trainer_rank0_downloads_before_others_load(tmp_path):
 
 
 def _rank0_load_fails() -> tuple[str, float]:
+    from disttrain.examples.workload import load_splits_local_rank0_first
     from disttrain.testing import setup_for_test
-    from disttrain.train.build import load_splits_local_rank0_first
 
     def load(download: bool):
         raise FileNotFoundError(f"download={download}")
@@ -201,7 +203,7 @@ class _FakeNodeRank:
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
 def test_each_node_downloads_once_before_its_other_ranks_load(rank):
     """Nodes need not share a filesystem: local rank 0 of every node downloads."""
-    from disttrain.train.build import load_splits_local_rank0_first
+    from disttrain.examples.workload import load_splits_local_rank0_first
 
     rt = _FakeNodeRank(rank)
     load_splits_local_rank0_first(rt, lambda download: rt.events.append(download), True)

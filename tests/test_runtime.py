@@ -1,12 +1,17 @@
-"""Runtime: the env contract, backend choice, seeding."""
+"""Inside one rank: the env contract (env.py), per-process settings (process.py), and the
+process group's lifecycle, backend and timeout (runtime.py)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from disttrain.distributed import runtime
-from disttrain.distributed.runtime import read_env, resolve_backend
+from disttrain.distributed import process, runtime
+from disttrain.distributed.env import read_env
+from disttrain.distributed.runtime import collective_timeout_s, resolve_backend
 from disttrain.errors import DistEnvError
 
 
@@ -52,22 +57,84 @@ def test_nccl_without_gpu_is_refused():
         resolve_backend("nccl", 1)
 
 
+def test_collective_timeout_adds_a_grace():
+    """10 % on top of the stall timeout, at least 2 s and at most 30 s, so the watchdog
+    names the stuck rank before a waiting rank's collective times out."""
+    assert collective_timeout_s(300) == 330 and collective_timeout_s(10) == 12
+    assert collective_timeout_s(1000) == 1030
+
+
 def test_single_process_setup_and_teardown():
     with runtime.setup("gloo", timeout_s=10, env={}) as rt:
         assert rt.is_rank0 and rt.world_size == 1 and rt.distributed
         assert rt.device.type == "cpu"
+        assert rt.store_address is None  # a private store: no heartbeat to publish
         rt.barrier()
     assert not torch.distributed.is_initialized()
 
 
+def test_setup_threads_default_and_explicit():
+    before = torch.get_num_threads()
+    try:
+        with runtime.setup("gloo", timeout_s=10, env={}):
+            assert torch.get_num_threads() == process.threads_per_rank(1)
+        with runtime.setup("gloo", timeout_s=10, env={}, threads=1):
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_per_rank_shares_the_cores():
+    cores = process.usable_cores()
+    assert process.threads_per_rank(1) == cores
+    assert process.threads_per_rank(cores * 4) == 1  # never 0
+    assert process.threads_per_rank(0) == cores
+
+
 def test_rank_seeds_differ_and_repeat():
-    seeds = [runtime.rank_seed(0, r) for r in range(4)]
+    seeds = [process.rank_seed(0, r) for r in range(4)]
     assert len(set(seeds)) == 4
-    assert seeds == [runtime.rank_seed(0, r) for r in range(4)]
+    assert seeds == [process.rank_seed(0, r) for r in range(4)]
+
+
+def test_seed_everything_repeats():
+    process.seed_everything(7)
+    a = torch.rand(3)
+    process.seed_everything(7)
+    assert torch.equal(a, torch.rand(3))
 
 
 def test_tune_allocator_runs():
-    assert runtime.tune_allocator() in (True, False)
+    assert process.tune_allocator() in (True, False)
+
+
+def test_tune_allocator_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("DISTTRAIN_NO_MALLOPT", "1")
+    assert process.tune_allocator() is False
+
+
+def _imported_after(code: str) -> set[str]:
+    """Modules a fresh interpreter holds after running `code`."""
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    return set(out.split())
+
+
+def test_env_and_process_do_not_import_torch():
+    """The launcher and the CLI read the env contract and threads per rank before any
+    worker exists; neither may pay for `import torch`."""
+    mods = _imported_after("import disttrain.distributed.env, disttrain.distributed.process")
+    assert "torch" not in mods
+
+
+def test_heartbeat_needs_no_runtime_and_loads_faults_only_when_asked(monkeypatch):
+    """The heartbeat takes plain values (no import of the process-group side), and the
+    test-only fault module is not loaded by a run that injects no fault."""
+    monkeypatch.delenv("DISTTRAIN_FAULT", raising=False)
+    mods = _imported_after("from disttrain.resilience import heartbeat\n"
+                           "heartbeat.start(0, 10.0)\nheartbeat.beat(1)\nheartbeat.stop()")
+    assert "disttrain.distributed.runtime" not in mods
+    assert "disttrain.resilience.faults" not in mods
 
 
 @pytest.mark.gpu

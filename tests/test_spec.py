@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from disttrain.errors import SpecError
@@ -76,3 +78,126 @@ def test_missing_file_and_non_mapping(tmp_path):
 def test_unknown_override():
     with pytest.raises(SpecError, match="unknown option 'epoch'"):
         JobSpec.from_dict({}, {"epoch": 3})
+
+
+# -- one strict base for every section ---------------------------------------------------
+@pytest.mark.parametrize(("data", "needle"), [
+    ({"cluster": {"image": "a\x00b"}}, "cluster.image: must not contain a NUL character"),
+    ({"cluster": {"env": {"A": "a\x00b"}}}, "cluster.env: must not contain a NUL character"),
+    ({"cluster": {"env": {"A\x00": "b"}}}, "cluster.env: must not contain a NUL character"),
+    ({"cluster": {"scheduler": "hami\x00"}}, "cluster.scheduler: must not contain a NUL"),
+    ({"cluster": {"node_selector": {"gpu": "a\x00"}}}, "cluster.node_selector: must not"),
+    ({"cluster": {"gpu_type": ["A100\x00"]}}, "cluster.gpu_type: must not contain a NUL"),
+    ({"cluster": {"cpu": {"request": "1\x00"}}}, "cluster.cpu.request"),
+    ({"cluster": {"code": {"host_path": "/c\x00"}}}, "cluster.code.host_path: must not"),
+    ({"cluster": {"volumes": [{"name": "d", "mount": "/d", "host_path": "/d\x00"}]}},
+     "cluster.volumes.0.host_path: must not contain a NUL"),
+    ({"cluster": {"imagez": "x"}}, "cluster.imagez: unknown field"),
+])
+def test_cluster_section_is_as_strict_as_the_others(data, needle):
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        JobSpec.from_dict(data)
+
+
+@pytest.mark.parametrize("name", ["job\n", "a" * 64, "-job", "Job"])
+def test_names_are_whole_dns1123_labels(name):
+    """`$` in a regex also matches before a final newline: "job\\n" must not pass."""
+    with pytest.raises(SpecError, match="name: must be a DNS-1123 label"):
+        JobSpec.from_dict({"name": name})
+    with pytest.raises(SpecError, match="namespace"):
+        JobSpec.from_dict({"cluster": {"namespace": name}})
+
+
+def test_one_quantity_grammar():
+    from decimal import Decimal
+
+    from disttrain.k8s.render import quantity
+    from disttrain.spec.fields import check_quantity, parse_quantity
+
+    for text, value in [("8Gi", 8 * 2**30), ("500m", Decimal("0.5")), ("1e3", 1000),
+                        ("+2", 2), ("1.5k", 1500), ("1E", 10**18)]:
+        assert parse_quantity(text) == value == quantity(text)
+        assert check_quantity(text, "cpu") == text
+    for text in ("2\n", "x", "1.", "8GB", "-1", "٣"):
+        with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+            parse_quantity(text)
+        with pytest.raises(SpecError, match=r"cluster\.cpu\.request"):
+            JobSpec.from_dict({"cluster": {"cpu": {"request": text}}})
+
+
+def test_choice_lists_are_the_field_literals():
+    import typing
+
+    from disttrain.k8s import hami
+    from disttrain.spec import fields
+    from disttrain.spec.cluster import ClusterSpec
+    from disttrain.spec.job import TrainSpec
+
+    assert typing.get_args(_strip_none(JobSpec.model_fields["example"])) == fields.EXAMPLES
+    assert typing.get_args(TrainSpec.model_fields["comm_hook"].annotation) == fields.COMM_HOOKS
+    assert set(hami.WORKAROUNDS) == set(fields.VGPU_WORKAROUNDS)
+    assert set(hami.NCCL_PRESETS) == set(fields.NCCL_PRESET_NAMES)
+    assert typing.get_args(ClusterSpec.model_fields["vgpu_workarounds"].annotation) == (
+        fields.VgpuWorkaround,)
+
+
+def _strip_none(info) -> object:
+    import typing
+
+    return next(a for a in typing.get_args(info.annotation) if a is not type(None))
+
+
+# -- cross-field rules: at load time, naming the flag to change ---------------------------
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"strategy": "dp", "nproc_per_node": 2},
+     "flags: launch.nproc_per_node: strategy dp runs ONE process that drives all visible GPUs "
+     "(nn.DataParallel), not 2; use --nproc-per-node 1, or --strategy ddp for one process per "
+     "GPU (recommended)"),
+    ({"strategy": "dp", "nnodes": 3, "nproc_per_node": 1},
+     "flags: launch.nnodes: strategy dp is one process on one machine, not 3 nodes; use "
+     "--strategy ddp across nodes"),
+    ({"strategy": "fsdp", "comm_hook": "powersgd"},
+     "flags: train.comm_hook: powersgd is a DDP comm hook and FSDP has none; use --strategy "
+     "ddp, or --comm-hook bf16/fp16 with fsdp"),
+])
+def test_builtin_job_combinations_are_refused_at_load(overrides, message):
+    with pytest.raises(SpecError) as err:
+        JobSpec.from_dict({}, overrides, source="flags")
+    assert str(err.value) == message
+    JobSpec.from_dict({"script": "train.py"}, overrides)  # a script reads its own arguments
+
+
+# -- host rules: check_runnable, shared by `disttrain run` and every rank ----------------
+def test_check_runnable_refusals():
+    from disttrain.errors import PrecisionError, StrategyError
+    from disttrain.spec.rules import check_runnable
+
+    spec = JobSpec.from_dict
+    with pytest.raises(PrecisionError, match=r"^train\.precision: fp16 autocast needs a CUDA GPU; "
+                                             r"on CPU use --precision bf16$"):
+        check_runnable(spec({}, {"precision": "fp16"}), gpus=0)
+    assert check_runnable(spec({}, {"precision": "fp16"}), gpus=1) == []
+    assert check_runnable(spec({"script": "t.py"}, {"precision": "fp16"}), gpus=0) == []
+    with pytest.raises(SpecError, match=r"^launch\.backend: nccl needs CUDA GPUs"):
+        check_runnable(spec({"script": "t.py"}, {"backend": "nccl"}), gpus=0)
+    with pytest.raises(StrategyError, match=r"^WORLD_SIZE=2: strategy dp is ONE process"):
+        check_runnable(spec({}, {"strategy": "dp", "launcher": "env"}), gpus=0, world_size=2)
+    with pytest.raises(StrategyError, match="this job has 4 processes; use --nproc-per-node 1"):
+        check_runnable(spec({}, {"strategy": "dp"}), gpus=2, world_size=4)
+
+
+def test_check_runnable_notes_the_dp_advice_once():
+    from disttrain.spec.rules import DP_ADVICE, check_runnable
+
+    assert check_runnable(JobSpec.from_dict({}, {"strategy": "dp"}), gpus=0, world_size=1) == [
+        DP_ADVICE]
+    assert check_runnable(JobSpec(), gpus=0) == []
+
+
+def test_spec_and_rules_import_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, disttrain.spec.rules, disttrain.spec.paths, disttrain.spec.job; "
+            "assert 'torch' not in sys.modules, 'spec imports torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -10,26 +10,22 @@ import pytest
 import torch
 from torch import nn
 
+from disttrain.distributed.activation_ckpt import enable_grad_ckpt
 from disttrain.distributed.comm_hooks import CommStats, powersgd_start_iter
+from disttrain.distributed.env import DistEnv, add_dist_args, env_from_args
 from disttrain.distributed.fsdp import mesh_shape, size_based_units
-from disttrain.distributed.runtime import DistEnv, add_dist_args, env_from_args, rank_seed
-from disttrain.distributed.strategies import enable_grad_ckpt, resolve_strategy
-from disttrain.errors import DistEnvError, StrategyError
+from disttrain.distributed.process import rank_seed
+from disttrain.distributed.strategies import resolve_strategy
+from disttrain.errors import DistEnvError, PrecisionError, StrategyError
 from disttrain.spec.job import JobSpec
-from disttrain.train.data import ShardedLoader, batch_seed
-from disttrain.train.precision import (
-    Precision,
-    PrecisionError,
-    build_optimizer,
-    global_batch,
-    scaled_lr,
-    warmup_lambda,
-)
+from disttrain.train.loader import ShardedLoader, batch_seed
+from disttrain.train.optim import build_optimizer, global_batch, scaled_lr, warmup_lambda
+from disttrain.train.precision import Precision
 
 
 def test_lr_scaling_rules():
     assert global_batch(32, 4, 2) == 256
-    assert scaled_lr(0.001, "linear", 32, 4, 1) == pytest.approx(0.004)   # seed 000 §7.2
+    assert scaled_lr(0.001, "linear", 32, 4, 1) == pytest.approx(0.004)   # 4 ranks: 4x the LR
     assert scaled_lr(0.001, "sqrt", 32, 4, 1) == pytest.approx(0.002)
     assert scaled_lr(0.001, "linear", 32, 2, 4) == pytest.approx(0.008)   # accumulation counts
     assert scaled_lr(0.001, "none", 32, 4, 4) == 0.001
@@ -198,3 +194,30 @@ def test_planned_steps_counts_short_last_group():
     assert planned_steps(cfg, 90) == 2 * math.ceil(90 / 4)
     cfg = JobSpec.from_dict({}, {"grad_accum": 4, "epochs": 2, "max_steps": 5}).train
     assert planned_steps(cfg, 90) == 5
+
+
+def test_run_info_is_the_summarys_first_keys_in_order():
+    from dataclasses import fields
+    from pathlib import Path
+
+    from disttrain.train.run_info import RunInfo
+
+    values = {f.name: 0 for f in fields(RunInfo) if f.name not in ("notes", "first_step_s",
+                                                                    "first_step_measured")}
+    info = RunInfo(**{**values, "run_dir": Path("runs/x")})
+    d = info.as_dict()
+    assert list(d)[:3] == ["name", "workload", "strategy"] and list(d)[-2:] == ["run_dir", "notes"]
+    assert d["run_dir"] == "runs/x" and "first_step_s" not in d, "only a run that took step 1"
+    info.record_first_step(None)  # no launch time known: the key is there, with null
+    assert list(info.as_dict())[-1] == "first_step_s" and info.as_dict()["first_step_s"] is None
+
+
+def test_classification_sums_are_sums_not_means():
+    from disttrain.train.trainer import classification_sums
+
+    out = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+    y = torch.tensor([0, 1, 1])
+    loss_sum, correct = classification_sums(out, y)
+    expected = nn.functional.cross_entropy(out, y, reduction="sum").item()
+    assert loss_sum.dtype == torch.float64 and loss_sum.item() == pytest.approx(expected)
+    assert correct.item() == 2

@@ -204,10 +204,10 @@ def test_verify_on_cluster_applies_follows_and_reads_the_verdict():
 def test_k8s_verify_command_prints_the_cluster_verdict(monkeypatch):
     """Runs once `disttrain k8s verify` (disttrain.cli.k8s_verify_cmd) is in the tree."""
     cmd = pytest.importorskip("disttrain.cli.k8s_verify_cmd")
-    from disttrain.cli import k8s_cmd
+    from disttrain.cli import k8s_common
 
     results = [CheckResult(c, r, not (c == "convergence" and r == 0), "d") for c in CHECKS for r in (0, 1)]
-    monkeypatch.setattr(k8s_cmd, "_connect", lambda *a: _FakeCluster("\n".join(verify.json_lines(results))))
+    monkeypatch.setattr(k8s_common, "connect", lambda *a: _FakeCluster("\n".join(verify.json_lines(results))))
     res = CliRunner().invoke(cmd.verify, ["--image", "reg/pytorch:2.1.0", "--json"])
     assert res.exit_code == 1, res.output
     final = json.loads(res.output.splitlines()[-1])

@@ -12,7 +12,7 @@ import pytest
 
 from disttrain.resilience import watchdog
 from disttrain.resilience.faults import Fault
-from disttrain.resilience.heartbeat import Heartbeat, collective_timeout_s, interval_for
+from disttrain.resilience.heartbeat import Heartbeat, interval_for
 from disttrain.resilience.watchdog import STALL_EXIT_CODE, Watchdog, stall_line
 
 pytestmark = pytest.mark.timeout(60)
@@ -132,8 +132,7 @@ def test_act_kills_the_local_stalled_rank_and_starts_afresh(sleeper):
 
 
 def test_timeouts():
-    assert collective_timeout_s(300) == 330 and collective_timeout_s(10) == 12
-    assert collective_timeout_s(1000) == 1030
+    """How often heartbeats go out; the collective timeout is tested with the runtime."""
     assert interval_for(1) == 0.1 and interval_for(10) == 0.5 and interval_for(600) == 2.0
 
 

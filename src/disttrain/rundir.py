@@ -1,16 +1,91 @@
-"""The run directory contract: job.yaml, metrics.jsonl, loss.png, summary.json.
+"""The run directory contract: what a run leaves in `train.run_dir`, and who writes it.
 
-Only rank 0 writes (`RunWriter` is created on rank 0 alone); other ranks' numbers reach
-it through collectives. metrics.jsonl is appended and flushed as training goes so that
-`tail -f` follows a live run.
+    run_dir/
+      job.yaml        the resolved spec (written by the launcher before any rank starts)
+      metrics.jsonl   one JSON record per line: train losses per rank, eval per epoch
+      checkpoints/    ckpt-<step>.pt, last.pt, dcp-<step>/ under FSDP (train/checkpoint.py)
+      summary.json    the run's settings and results, written once at the end
+      loss.png        training loss per optimizer step, one line per rank
+      logs/           the tee'd rank logs of a user script run under torchrun
+
+    spec_path = prepare_run_dir(run_dir, spec.to_yaml(), clear=True, note=print)
+    writer = open_writer(run_dir, spec.to_yaml())   # rank 0 only
+
+A new run replaces an earlier run's outputs (`RUN_OUTPUTS`) unless it resumes it; job.yaml
+is rewritten, other files in the folder are left alone. Only rank 0 writes (`RunWriter` is
+created on rank 0 alone); other ranks' numbers reach it through collectives.
+metrics.jsonl is appended and flushed as training goes so that `tail -f` follows a live
+run. Every file is replaced atomically (a temporary name, then a rename), so a reader
+never sees half of one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+JOB_YAML = "job.yaml"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+SUMMARY = "summary.json"
+LOSS_PNG = "loss.png"
+LOGS = "logs"
+# What a run produces, so what a new run (not --resume) in the same folder replaces.
+RUN_OUTPUTS = (METRICS, SUMMARY, LOSS_PNG, CHECKPOINTS, LOGS)
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """Where a run's checkpoints go (every rank computes the same path)."""
+    return Path(run_dir) / CHECKPOINTS
+
+
+def replace_earlier_run(run_dir: Path, note: Callable[[str], Any]) -> list[Path]:
+    """Delete an earlier run's outputs from `run_dir`, saying so through `note` first.
+
+    Returns:
+        The paths removed (none when the folder holds no earlier run).
+    """
+    run_dir = Path(run_dir)
+    old = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if old:
+        note(f"note: {run_dir} holds an earlier run; replacing it "
+             f"(use --resume to continue it instead)")
+    for path in old:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return old
+
+
+def prepare_run_dir(run_dir: Path, spec_yaml: str, clear: bool,
+                    note: Callable[[str], Any]) -> Path:
+    """Create `run_dir`, replace an earlier run's outputs when `clear`, write job.yaml.
+
+    Every rank may write the same job.yaml atomically, which is harmless; only the caller
+    that owns the outputs may pass `clear` (under `--launcher env` every rank is its own
+    launcher, and a late one would delete rank 0's fresh outputs).
+
+    Returns:
+        The path of job.yaml, which the workers read.
+    """
+    run_dir = Path(run_dir)
+    if clear and run_dir.exists():
+        replace_earlier_run(run_dir, note)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / JOB_YAML
+    write_text_atomic(spec_path, spec_yaml)
+    return spec_path
+
+
+def open_writer(run_dir: Path, spec_yaml: str) -> RunWriter:
+    """Rank 0's writer; writes job.yaml too when no launcher did (the Trainer started by
+    a user's own script under plain torchrun), so every run dir says what ran."""
+    writer = RunWriter(run_dir)
+    if not (writer.run_dir / JOB_YAML).exists():
+        writer.write_spec(spec_yaml)
+    return writer
 
 
 class RunWriter:
@@ -19,11 +94,11 @@ class RunWriter:
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS
         self._metrics = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115
 
     def write_spec(self, yaml_text: str) -> None:
-        write_text_atomic(self.run_dir / "job.yaml", yaml_text)
+        write_text_atomic(self.run_dir / JOB_YAML, yaml_text)
 
     def log(self, records: list[dict[str, Any]]) -> None:
         for r in records:
@@ -38,11 +113,21 @@ class RunWriter:
         write_text_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
         self._metrics = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115
 
+    def last_train_loss(self) -> float | None:
+        """The mean over ranks of the training loss logged at the last logged step."""
+        return last_train_loss(self.metrics_path)
+
     def write_summary(self, summary: dict[str, Any]) -> None:
-        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_text_atomic(self.run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
 
     def plot_loss(self) -> Path | None:
-        return plot_loss(self.metrics_path, self.run_dir / "loss.png")
+        return plot_loss(self.metrics_path, self.run_dir / LOSS_PNG)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The end of a run: summary.json, loss.png, metrics.jsonl closed."""
+        self.write_summary(summary)
+        self.plot_loss()
+        self.close()
 
     def close(self) -> None:
         self._metrics.close()
@@ -56,6 +141,16 @@ def read_lines(path: Path) -> list[str]:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in read_lines(path)]
+
+
+def last_train_loss(metrics_path: Path) -> float | None:
+    """Mean of the ranks' train losses at the last step metrics.jsonl has records for."""
+    train = [r for r in read_metrics(metrics_path) if r.get("split") == "train"]
+    if not train:
+        return None
+    last_step = max(r["step"] for r in train)
+    vals = [r["loss"] for r in train if r["step"] == last_step]
+    return sum(vals) / len(vals)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -3,24 +3,28 @@
 torchrun (locally through `disttrain run`, or in a pod) starts one of these per rank with
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* set; `run_worker` is the same thing as a
 function, which the local launcher forks so workers need not import torch again.
+`run_recorded(fn, *args)` is the entry of every rank that torch's elastic agent starts
+(this job, `disttrain verify`, the benchmarks): `fn` under torch's @record.
 
 Under plain torchrun (the pod command) no disttrain launcher watches the heartbeats, so
 rank 0 does (`disttrain.resilience.watchdog.in_job_watchdog`), and rank 1 watches rank 0 in case
 rank 0's own process stops: a stalled rank is named and the job ends within
-`launch.timeout_s`. `disttrain run` sets DISTTRAIN_WATCHDOG to keep them off.
+`launch.timeout_s`. `disttrain run` sets `envvars.WATCHDOG` to keep them off.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+from disttrain import envvars
 from disttrain.errors import SpecError
 from disttrain.spec.job import JobSpec
+
+T = TypeVar("T")
 
 
 def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
@@ -34,12 +38,17 @@ def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def elastic_entry(spec_data: dict[str, Any]) -> dict[str, Any]:
-    """Picklable entry for torchrun's agent; torch's @record sends a failure's traceback
-    to the launcher's error file, so `disttrain run` can name the rank and the cause."""
+def run_recorded(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` under torch's @record: the entry of every rank that torch's elastic agent
+    starts (the built-in job, `disttrain verify`'s checks, the benchmarks).
+
+    @record writes a failure's traceback to the error file the agent reads, so the
+    launcher can name the rank and the cause. Picklable, as the agent's entry must be,
+    when `fn` is a module-level function.
+    """
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(run_worker)(spec_data)
+    return record(fn)(*args)
 
 
 @contextlib.contextmanager
@@ -48,13 +57,13 @@ def _rank0_watchdog(timeout_s: float) -> Iterator[None]:
     runs, and rank 1 watches rank 0 for the one case rank 0 cannot cover: its own
     process stopped (`watchdog.in_job_watchdog`)."""
     from disttrain.distributed import runtime
-    from disttrain.resilience.watchdog import ENV_WATCHDOG, in_job_watchdog
+    from disttrain.resilience.watchdog import in_job_watchdog
 
     try:
         env = runtime.read_env()
     except runtime.DistEnvError:
         env = None  # runtime.setup reports it, naming the variable
-    if os.environ.get(ENV_WATCHDOG) or env is None or env.rank > 1 or env.world_size < 2:
+    if envvars.flag(envvars.WATCHDOG) or env is None or env.rank > 1 or env.world_size < 2:
         yield
         return
     with in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s,
@@ -72,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     with _rank0_watchdog(spec.launch.timeout_s):
-        elastic_entry(spec.model_dump())
+        run_recorded(run_worker, spec.model_dump())
     return 0
 
 

@@ -37,7 +37,8 @@ def test_logs_json_shape_and_exit_1() -> None:
     r = run("doctor", "logs", "--json", str(LOGS / "cuda_oom_then_watchdog.log"))
     assert r.exit_code == 1
     data = json.loads(r.stdout)
-    assert list(data) == ["cause", "title", "rank", "host", "evidence", "fix", "consequences"]
+    assert list(data) == ["cause", "title", "rank", "host", "evidence", "fix", "consequences",
+                          "confidence", "confidence_evidence", "alternative"]
     assert (data["cause"], data["rank"], data["consequences"]) == (
         "cuda_oom", 1, ["collective_timeout"])
 

@@ -25,9 +25,14 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                "ok = isinstance(m, torch.nn.DataParallel)\n"]),
     "DT002": ([PRE + 'dist.init_process_group("nccl")\nx = torch.ones(3)\ndist.all_reduce(x)\n',
                PRE + 'dist.init_process_group(backend="gloo")\n'
-                     'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))\n'],
+                     'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))\n',
+               PRE + 'if torch.cuda.is_available():\n    device = torch.device("cuda", 0)\n'
+                     'else:\n    device = torch.device("cpu")\n'
+                     'dist.init_process_group(backend="nccl")\nmodel = model.to(device)\n'],
               [PRE + 'dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")\n',
                PRE + 'dist.init_process_group("nccl")\nmodel = model.cuda()\n',
+               PRE + 'device = "cuda" if torch.cuda.is_available() else "cpu"\n'
+                     'dist.init_process_group("nccl" if device == "cuda" else "gloo")\n',
                PRE + 'dist.init_process_group("gloo")\nx = torch.ones(2)\n']),
     "DT003": ([PRE + "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=sampler)\n"
                      "for epoch in range(3):\n    for x in loader:\n        step(x)\n",
@@ -245,3 +250,12 @@ def test_repository_example_lints_clean() -> None:
     if not example.exists():
         pytest.skip("examples/train_ddp.py not written yet")
     assert [(f.rule, f.line) for f in lint_paths([example])] == []
+
+
+def test_dt002_cpu_path_names_the_script_fix() -> None:
+    """A hard-coded nccl next to a CPU fallback: the fix is the conditional backend."""
+    src = (PRE + 'device = "cuda" if torch.cuda.is_available() else "cpu"\n'
+           'dist.init_process_group("nccl")\nmodel = model.to(device)\n')
+    found = [f for f in lint_source(src, "t.py") if f.rule == "DT002"]
+    assert len(found) == 1 and "CPU path" in found[0].message
+    assert '"nccl" if torch.cuda.is_available() else "gloo"' in found[0].fix

@@ -33,7 +33,8 @@ def torchrun(script: Path, cwd: Path, extra_env: dict[str, str] | None = None) -
 def test_diagnose_and_lint_do_not_import_torch() -> None:
     code = ("import sys, disttrain.diagnose.logs, disttrain.diagnose.lint, "
             "disttrain.diagnose.preflight, disttrain.diagnose.envreport, "
-            "disttrain.cli.doctor_cmd; print('torch' in sys.modules)")
+            "disttrain.cli.doctor_cmd, disttrain.cli.lint_cmd, disttrain.cli.env_cmd; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "False"

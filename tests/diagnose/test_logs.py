@@ -153,7 +153,8 @@ def test_bytes_and_odd_input_never_raise() -> None:
 def test_to_dict_shape_and_json() -> None:
     d = diagnose((LOGS / "cuda_oom_then_watchdog.log").read_text())
     data = json.loads(json.dumps(d.to_dict()))
-    assert list(data) == ["cause", "title", "rank", "host", "evidence", "fix", "consequences"]
+    assert list(data) == ["cause", "title", "rank", "host", "evidence", "fix", "consequences",
+                          "confidence", "confidence_evidence", "alternative"]
     assert isinstance(data["evidence"], list) and isinstance(data["consequences"], list)
     assert d.failed and not diagnose("epoch 1 loss 0.3").failed
 
@@ -198,3 +199,135 @@ def test_watchdog_stall_line_names_the_stalled_rank():
     d = diagnose(text)
     assert d.cause == "collective_timeout" and d.rank == 1
     assert "step 17, phase backward" in d.title
+
+
+# -- precedence, confidence and advice that fits the job ----------------------------------
+def test_framework_error_with_a_traceback_beats_user_code_error() -> None:
+    """A shared-memory failure raised through the user's loop is not the user's bug."""
+    text = ("[rank0]: Traceback (most recent call last):\n"
+            '[rank0]:   File "/w/train.py", line 9, in <module>\n'
+            "[rank0]:     for x in loader:\n"
+            "[rank0]: RuntimeError: unable to allocate shared memory(shm) for file "
+            "</torch_1_2_0>: No space left on device (28)\n")
+    d = diagnose(text)
+    assert (d.cause, d.rank, d.confidence) == ("shm_too_small", 0, "high")
+
+
+def test_abort_after_the_ranks_exception_is_a_consequence() -> None:
+    d = diagnose((LOGS / "user_code_error_then_abort.log").read_text())
+    assert (d.cause, d.rank) == ("user_code_error", 1) and "labels out of range" in d.title
+    assert "cpp_abort" in d.consequences
+    assert "_dynamo" not in d.fix and "gdb" not in d.fix
+
+
+def test_cpu_build_fix_says_what_to_change_in_the_script() -> None:
+    for name in ("version_mismatch_cpu_build.log", "version_mismatch_set_device_cpu.log"):
+        d = diagnose((LOGS / name).read_text())
+        assert '"nccl" if torch.cuda.is_available() else "gloo"' in d.fix, name
+        assert "`--backend gloo`)" not in d.fix
+
+
+@pytest.mark.parametrize(("name", "needle", "absent"), [
+    ("port_in_use_torchrun.log", "torchrun --master-port", "export MASTER_PORT=29501` /"),
+    ("port_in_use_windows.log", "torchrun --master-port", None),
+])
+def test_port_in_use_fix_fits_the_launcher(name: str, needle: str, absent: str | None) -> None:
+    d = diagnose((LOGS / name).read_text())
+    assert d.cause == "port_in_use" and needle in d.fix
+    assert "no effect" in d.fix   # an exported MASTER_PORT does not reach torchrun's workers
+    if absent:
+        assert absent not in d.fix
+
+
+def test_port_in_use_fix_when_the_script_sets_the_port() -> None:
+    text = ('  File "/w/train.py", line 4, in <module>\n'
+            '    os.environ["MASTER_PORT"] = "29500"\n'
+            "RuntimeError: Address already in use\n")
+    d = diagnose("Traceback (most recent call last):\n" + text)
+    assert d.cause == "port_in_use" and "change or remove that line" in d.fix
+
+
+def test_disttrain_run_port_fix() -> None:
+    text = ("error: the job failed (failed rank(s): 0)\n"
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+            "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE\n")
+    assert "disttrain run --master-port 0" in diagnose(text).fix
+
+
+def test_sys_exit_is_a_deliberate_exit_not_unknown() -> None:
+    d = diagnose((LOGS / "user_code_error_sys_exit.log").read_text())
+    assert (d.cause, d.rank) == ("user_code_error", 1)
+    assert "exited with code 3" in d.title and "NCCL" not in d.fix
+
+
+def test_gloo_peer_lost_is_not_called_nccl() -> None:
+    text = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+            "Connection closed by peer [10.0.0.2]:4242\n")
+    d = diagnose(text)
+    assert d.cause == "nccl_network_error" and "NCCL" not in d.title
+    assert "GLOO_SOCKET_IFNAME" in d.fix and d.confidence == "low" and d.alternative
+
+
+def test_doctor_skips_its_own_earlier_diagnosis() -> None:
+    """`disttrain run ... 2>&1 | tee job.log` ends with a diagnosis: it is not re-read."""
+    log = (LOGS / "user_code_error_gloo.log").read_text()
+    first = diagnose(log)
+    echoed = log + "error: the job failed (failed rank(s): 1)\n" + format_diagnosis(first) + "\n"
+    again = diagnose(echoed)
+    assert (again.cause, again.rank, again.evidence) == (first.cause, first.rank, first.evidence)
+
+
+def test_logs_folder_reads_every_rank(tmp_path: Path) -> None:
+    from disttrain.diagnose.log_sources import read_log_dir
+
+    for rank, text in (("0", "step 0 ok\n"),
+                       ("1", "Traceback (most recent call last):\n"
+                             '  File "/w/train.py", line 3, in <module>\n'
+                             "KeyError: 'x'\n")):
+        folder = tmp_path / "logs" / "run1" / "attempt_0" / rank
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(text)
+        (folder / "stdout.log").write_text("")
+    d = diagnose(read_log_dir(tmp_path / "logs") or "")
+    assert (d.cause, d.rank) == ("user_code_error", 1)
+    assert read_log_dir(tmp_path / "empty-does-not-exist") is None
+
+
+def test_confidence_levels() -> None:
+    assert diagnose("RuntimeError: CUDA out of memory.").confidence == "high"
+    low = diagnose("RuntimeError: NCCL error: unhandled system error")
+    assert (low.confidence, low.alternative) == ("low", "shm_too_small")
+    assert diagnose("epoch 1 loss 0.3").confidence == "high"
+    assert diagnose("").confidence == "low"
+
+
+def test_wrapped_message_is_read_across_the_break() -> None:
+    """A terminal cut `CUDA out of memory` in two; the second half lost the prefix."""
+    assert diagnose("[rank2]: RuntimeError: CUDA out of mem\n").cause != "cuda_oom"
+    wrapped = ("[rank2]: RuntimeError: CUDA error while running the step: CUDA out of mem\n"
+               "ory. Tried to allocate 2.00 GiB.\n")
+    d = diagnose(wrapped)
+    assert (d.cause, d.rank, d.confidence) == ("cuda_oom", 2, "medium")
+    assert "2.00 GiB" in d.title
+
+
+def test_doctor_logs_cli_reads_a_run_logs_folder(tmp_path: Path) -> None:
+    """`disttrain doctor logs runs/NAME/logs`: every rank's files, the failing rank named."""
+    from click.testing import CliRunner
+
+    from disttrain.cli.main import cli
+
+    folder = tmp_path / "logs" / "r" / "attempt_0" / "1"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("RuntimeError: No CUDA GPUs are available\n")
+    r = CliRunner().invoke(cli, ["doctor", "logs", "--json", str(tmp_path / "logs")])
+    data = json.loads(r.stdout)
+    assert r.exit_code == 1 and (data["cause"], data["rank"]) == ("no_gpu_visible", 1)
+
+
+def test_failed_ranks_leave_out_the_ranks_torchrun_stopped() -> None:
+    from disttrain.cli.run_cmd import _failed_ranks
+
+    failures = {0: {"exitcode": -15}, 1: {"exitcode": 3}, 2: {"exitcode": -15}}
+    assert _failed_ranks(failures) == [1]
+    assert _failed_ranks({0: {"exitcode": -15}}) == [0]   # only stopped ranks: say them

@@ -3,7 +3,7 @@
 torchrun (`disttrain run`, the default), `--launcher spawn` (mp.spawn, seed 002),
 `--launcher env` (one process per invocation from MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK,
 seed 000 §5.2 way 3), and a user script taking `--world-size N --rank R` through
-`disttrain.distributed.runtime.add_dist_args` (seed 002's verification command).
+`disttrain.distributed.env.add_dist_args` (seed 002's verification command).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.launch.launchers import free_port
+from disttrain.launch.ports import free_port
 from tests.conftest import DISTTRAIN, run_cli
 
 pytestmark = pytest.mark.timeout(240)
@@ -26,10 +26,11 @@ JOB = ("--epochs", "1", "--max-steps", "8", "--checkpoint-every-epochs", "0",
 SCRIPT = """
 import argparse
 from disttrain.distributed import runtime
+from disttrain.distributed.env import add_dist_args
 from disttrain.train.build import build_trainer
 from disttrain.spec.job import JobSpec
 
-parser = runtime.add_dist_args(argparse.ArgumentParser())
+parser = add_dist_args(argparse.ArgumentParser())
 parser.add_argument("--run-dir")
 args = parser.parse_args()
 with runtime.setup_from_args(args, timeout_s=60) as rt:

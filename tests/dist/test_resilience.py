@@ -1,4 +1,4 @@
-"""Fault tolerance end to end: killed and stalled workers, damaged checkpoints (issue 7).
+"""Fault tolerance end to end: killed and stalled workers, damaged checkpoints (docs/resilience.md).
 
 Faults come from the test-only hook `DISTTRAIN_FAULT` (disttrain.resilience.watchdog): the worker of
 the given rank SIGKILLs or SIGSTOPs itself at the given optimizer step and phase, in the
@@ -110,9 +110,9 @@ def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path, reference):
 def _resume_from_private_dirs(base: str) -> str:
     """Each rank has its own run dir (as pods without a shared volume would): only rank
     0's holds the checkpoint."""
-    from disttrain.train.build import build_trainer
     from disttrain.spec.job import JobSpec
     from disttrain.testing import setup_for_test
+    from disttrain.train.build import build_trainer
 
     with setup_for_test() as rt:
         overrides = {"epochs": 1, "max_steps": 5, "checkpoint_every_steps": 5,
@@ -137,14 +137,14 @@ def test_ranks_that_see_different_checkpoints_refuse_to_resume(tmp_path):
 
 PORT_RACE = """
 import socket, sys
-import disttrain.launch.launchers as launch
+import disttrain.launch.plan as plan
 
 if __name__ == "__main__":
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
     port = held.getsockname()[1]
-    launch.choose_port = lambda spec: (port, None)  # free when checked, taken when bound
+    plan.choose_port = lambda spec: (port, None)  # free when checked, taken when bound
     from disttrain.cli.main import main
 
     sys.exit(main(["run", "--epochs", "1", "--checkpoint-every-epochs", "0"]))

@@ -131,7 +131,7 @@ def test_builtin_worker_under_plain_torchrun(tmp_path):
     """The pod command (torchrun -m disttrain.worker --spec job.yaml) trains as well."""
     import subprocess
 
-    from disttrain.launch.launchers import free_port
+    from disttrain.launch.ports import free_port
     from disttrain.spec.job import JobSpec
 
     spec = JobSpec.from_dict({}, {"epochs": 1, "run_dir": str(tmp_path / "run")})

@@ -5,6 +5,10 @@ ends on the same global batch; K micro-batches with grad_accum K end where one K
 batch ends, with exactly one all-reduce per optimizer step; an FSDP run stopped
 mid-epoch and resumed from its torch.distributed.checkpoint folder ends bitwise equal to
 one that never stopped. All 2-rank trainings share one launch to keep this file fast.
+
+Every assertion runs once per device: `cpu` (gloo) everywhere, and `cuda` (nccl, one GPU
+per rank, marked `gpu`) where two GPUs are visible, so the same equivalences also go
+through DDP's device_ids, the nccl barrier and FSDP on a CUDA mesh.
 """
 
 from __future__ import annotations
@@ -20,6 +24,17 @@ from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 
 pytestmark = pytest.mark.timeout(240)
+
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(torch.cuda.device_count() < 2, reason="2 ranks need a CUDA GPU each")]),
+]
+BACKEND = {"cpu": "gloo", "cuda": "nccl"}
+# (rtol, atol) against the one-process reference. CUDA kernels pick their reduction order
+# by batch shape (32 per rank vs 64 in one process), so they differ by a little more.
+TOLERANCE = {"cpu": (1e-4, 1e-5), "cuda": (1e-3, 1e-4)}
 
 # digits, 1 epoch of SGD: a wide hidden layer so FSDP makes fc1 a unit of its own
 # (>= 100k parameters) and the root holds the rest.
@@ -42,8 +57,8 @@ RESUME = {"strategy": "fsdp", "epochs": 2, "optimizer": "adam", "lr": 0.002,
 
 
 def _fit(overrides: dict[str, Any], run_dir: Path, rt: Any) -> dict[str, Any]:
-    from disttrain.train.build import build_trainer
     from disttrain.distributed.strategies import model_state_dict
+    from disttrain.train.build import build_trainer
 
     overrides = dict(overrides)
     version = overrides.pop("_fsdp_version", None)
@@ -62,10 +77,10 @@ def _fit(overrides: dict[str, Any], run_dir: Path, rt: Any) -> dict[str, Any]:
             "model_type": type(trainer.model).__name__}
 
 
-def _two_rank_runs(base_dir: str) -> dict[str, Any]:
+def _two_rank_runs(base_dir: str, backend: str) -> dict[str, Any]:
     base = Path(base_dir)
     out: dict[str, Any] = {}
-    with setup_for_test() as rt:
+    with setup_for_test(backend) as rt:
         for name, extra in TWO_RANKS.items():
             out[name] = _fit({**BASE, **extra}, base / name, rt)
         resume = {k: v for k, v in BASE.items() if k != "checkpoint_every_epochs"}
@@ -76,35 +91,41 @@ def _two_rank_runs(base_dir: str) -> dict[str, Any]:
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """{name: result} for the 2-rank runs (rank 0's view) and the 1-process references."""
+@pytest.fixture(scope="module", params=DEVICES)
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """{name: result} for the 2-rank runs (rank 0's view) and the 1-process references,
+    all on one device (the fixture's parameter)."""
     from disttrain.distributed import runtime
 
-    base = tmp_path_factory.mktemp("strategies")
-    results = run_ranks(2, _two_rank_runs, str(base / "two"), timeout_s=200)
+    device: str = request.param
+    backend = BACKEND[device]
+    base = tmp_path_factory.mktemp(f"strategies-{device}")
+    results = run_ranks(2, _two_rank_runs, str(base / "two"), backend, timeout_s=200)
     out = dict(results[0])
     out["rank1"] = results[1]
     out["base"] = base / "two"
-    with runtime.setup("gloo", timeout_s=60, env={}, threads=1) as rt:
+    out["device"] = device
+    with runtime.setup(backend, timeout_s=60, env={}, threads=1) as rt:
+        assert rt.device.type == device
         out["single"] = _fit({**BASE, "strategy": "none", "batch_size": 64}, base / "single", rt)
         out["dp"] = _fit({**BASE, "strategy": "dp", "batch_size": 64}, base / "dp", rt)
     return out
 
 
-def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], device: str) -> None:
     assert a.keys() == b.keys()
+    rtol, atol = TOLERANCE[device]
     for name, ref in b.items():
-        torch.testing.assert_close(a[name], ref, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(a[name], ref, rtol=rtol, atol=atol, msg=name)
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "fsdp_hybrid", "fsdp_none", "fsdp1", "dp",
                                   "ddp_ckpt", "fsdp_ckpt"])
 def test_strategy_matches_one_process_on_same_global_batch(runs, name):
-    _assert_close(runs[name]["params"], runs["single"]["params"])
+    _assert_close(runs[name]["params"], runs["single"]["params"], runs["device"])
     assert runs[name]["summary"]["steps"] == runs["single"]["summary"]["steps"] == 23
     if name != "dp":
-        _assert_close(runs["rank1"][name]["params"], runs["single"]["params"])
+        _assert_close(runs["rank1"][name]["params"], runs["single"]["params"], runs["device"])
         assert runs[name]["summary"]["params_in_sync"] is True
 
 
@@ -120,8 +141,8 @@ def test_fsdp_really_shards(runs):
 def test_grad_accum_equals_k_times_batch(runs, name):
     """719 samples per rank: 90 micro-batches of 8 (the last has 7) in 23 groups, the last
     of 2: it must match 23 batches of 32 (the last has 15)."""
-    _assert_close(runs[name]["params"], runs["single"]["params"])
-    _assert_close(runs[name]["params"], runs[name.replace("_k4", "")]["params"])
+    _assert_close(runs[name]["params"], runs["single"]["params"], runs["device"])
+    _assert_close(runs[name]["params"], runs[name.replace("_k4", "")]["params"], runs["device"])
     assert runs[name]["summary"]["steps"] == 23
 
 
@@ -135,8 +156,8 @@ def test_one_allreduce_per_optimizer_step_with_accumulation(runs):
 
 def test_dp_without_gpus_runs_as_none_and_recommends_ddp(runs):
     summary = runs["dp"]["summary"]
-    if torch.cuda.device_count() >= 2:
-        pytest.skip("DataParallel really runs with 2+ GPUs")
+    if runs["device"] == "cuda":
+        pytest.skip("DataParallel really runs on 2+ GPUs (checked against one process above)")
     assert summary["strategy"] == "dp" and summary["strategy_effective"] == "none"
     notes = " ".join(summary["notes"])
     assert "running as strategy none" in notes
@@ -154,8 +175,8 @@ def test_fsdp_resume_is_exact(runs):
 
 def test_fsdp_last_pt_loads_into_bare_model(runs):
     """last.pt of an FSDP run still holds plain weights for the unwrapped model."""
-    from disttrain.train.checkpoint import load_latest
     from disttrain.examples.models import SimpleNet
+    from disttrain.train.checkpoint import load_latest
 
     found = load_latest(runs["base"] / "part" / "checkpoints")
     assert found is not None

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from disttrain.train.data import ShardedLoader, load_digits
+from disttrain.examples.datasets import load_digits
 from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
+from disttrain.train.loader import ShardedLoader
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,8 +45,8 @@ def test_sharded_loader_matches_dataloader():
 def _train_digits(world_batch: int, run_dir: str, single: bool = False):
     """Train 1 epoch of digits with SGD, return (params, evaluate(), local full eval)."""
     from disttrain.distributed import runtime
-    from disttrain.train.build import build_trainer
     from disttrain.distributed.strategies import unwrap
+    from disttrain.train.build import build_trainer
 
     overrides = {"epochs": 1, "optimizer": "sgd", "lr": 0.05, "lr_scaling": "none",
                  "checkpoint_every_epochs": 0, "run_dir": run_dir}

@@ -34,8 +34,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def _runs(base_dir: str) -> dict[str, Any]:
-    from disttrain.train.build import build_trainer
     from disttrain.rundir import read_metrics
+    from disttrain.train.build import build_trainer
 
     out: dict[str, Any] = {}
     with setup_for_test() as rt:

@@ -1,4 +1,4 @@
-"""HAMi units, ranges, annotations and the scheduler check (shared/reference/k8s-hami.md §1)."""
+"""HAMi units, ranges, annotations and the scheduler check (docs/cluster.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Rendering: every kind and option gives objects valid against the official schemas, and
-the HAMi / torchrun / security rules of shared/reference/k8s-hami.md hold."""
+the HAMi / torchrun / security rules of docs/cluster.md hold."""
 
 from __future__ import annotations
 
@@ -438,7 +438,8 @@ def test_script_with_install_says_it_needs_disttrain(workdir: Path) -> None:
 
 
 def test_restart_settings_reach_the_cluster_objects():
-    """Issue 7: with --max-restarts the rendered objects retry and the built-in job resumes."""
+    """With --max-restarts the rendered objects retry and the built-in job resumes
+    (docs/resilience.md, "On the cluster")."""
     import yaml
 
     from disttrain.k8s.render import render

@@ -9,7 +9,7 @@ over the timed ones, and the reported time is the slowest rank's (an all-reduce 
 the per-rank means: a collective ends when its last rank does).
 algbw = bytes / time; busbw = algbw x 2(n-1)/n, the bandwidth each rank's link must
 carry in a ring, comparable with the hardware's peak whatever the rank count
-(shared/reference/anchors.md §2.9). GB are 10^9 bytes, as in nccl-tests.
+(nccl-tests' doc/PERFORMANCE.md). GB are 10^9 bytes, as in nccl-tests.
 `benchmarks/compare_allreduce.py` runs this beside a raw `dist.all_reduce` loop
 (`benchmarks/allreduce_raw.py`) and prints the ratio per size.
 """
@@ -78,12 +78,6 @@ def worker(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
         return rows if rt.is_rank0 else None
 
 
-def elastic_entry(opts: dict[str, Any]) -> list[dict[str, Any]] | None:
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    return record(worker)(opts)
-
-
 def run_allreduce(spec: JobSpec, sizes: list[int], iters: int = 20, warmup: int = 5,
                   dtype: str = "float32") -> list[dict[str, Any]]:
     """Launch the measurement on the spec's ranks; one row per size (FIELDS).
@@ -94,9 +88,9 @@ def run_allreduce(spec: JobSpec, sizes: list[int], iters: int = 20, warmup: int 
     opts = {"sizes": sizes, "iters": iters, "warmup": warmup, "dtype": dtype,
             "backend": spec.launch.backend, "timeout_s": spec.launch.timeout_s,
             "threads": spec.train.threads}
-    outcome = launch_function(spec, elastic_entry, opts)
+    outcome = launch_function(spec, worker, opts)
     if outcome.failures:
-        raise BenchError("; ".join(f"rank {r}: {m}" for r, m in sorted(outcome.failures.items())))
+        raise BenchError("; ".join(f"rank {r}: {f.summary()}" for r, f in sorted(outcome.failures.items())))
     rows = next((v for v in outcome.values.values() if v), None)
     if rows is None:  # multi-node: global rank 0 lives on another node
         return []

@@ -5,8 +5,8 @@
 
 Both sides are started as a user starts them, as separate commands: the Trainer through
 `disttrain run --example synthetic --lr-scaling none ...`, the reference through
-`torchrun benchmarks/plain_ddp.py` (seed 000 §6's loop). Both measure the same way
-(shared/reference/perf-baseline.md): `warmup` optimizer steps, then samples_per_s =
+`torchrun benchmarks/plain_ddp.py` (the hand-written DDP loop a user would start from).
+Both measure the same way (docs/performance.md): `warmup` optimizer steps, then samples_per_s =
 global samples of the next `steps` steps / their duration on rank 0; first_step_s =
 start of the command's process -> end of the first optimizer step. For the Trainer the
 window is read back from rank 0's metrics.jsonl records, which carry the samples/s of
@@ -28,13 +28,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from disttrain import envvars
 from disttrain.bench.common import pyplot, save_figure, spread
 from disttrain.errors import BenchError
+from disttrain.spec.paths import file_problem
 
 
 @dataclass(frozen=True)
 class TrainBench:
-    """The benchmark workload (perf-baseline.md's): SimpleNet 784-512-10 on synthetic data,
+    """The benchmark workload (docs/performance.md): SimpleNet 784-512-10 on synthetic data,
     Adam lr 1e-3, batch 64 per process, one thread per process, gloo."""
 
     workload: str = "synthetic"
@@ -51,8 +53,8 @@ class TrainBench:
 
 
 def _env(threads: int) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    env.pop("DISTTRAIN_T0", None)  # the child command marks its own start
+    env = {**os.environ, envvars.OMP_NUM_THREADS: str(threads), envvars.PYTHONUNBUFFERED: "1"}
+    env.pop(envvars.T0, None)  # the child command marks its own start
     return env
 
 
@@ -144,7 +146,7 @@ def find_plain_script(given: str | Path | None = None) -> Path:
         Path(__file__).resolve().parents[3] / "benchmarks" / "plain_ddp.py",
         Path.cwd() / "benchmarks" / "plain_ddp.py"]
     for path in candidates:
-        if path.is_file():
+        if file_problem(path) is None:  # not is_file(): no OSError on a too-long name
             return path
     raise BenchError(f"plain DDP reference {candidates[0]} not found; run from a disttrain "
                      f"source checkout or pass --plain-script PATH")

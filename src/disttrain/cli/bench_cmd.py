@@ -29,7 +29,21 @@ def bench() -> None:
 
 def _run_dir_option(fn: Any) -> Any:
     return click.option("--run-dir", default=None, type=click.Path(file_okay=False),
+                        callback=_usable_run_dir,
                         help="where results go (default runs/bench-<kind>-<timestamp>)")(fn)
+
+
+def _usable_run_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --run-dir that cannot be created (too long a name, under a file) is bad input."""
+    from disttrain.errors import SpecError
+    from disttrain.spec.paths import check_writable_dir
+
+    try:
+        if value is not None:
+            check_writable_dir(value)
+    except SpecError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    return value
 
 
 def _echo_rows(rows: list[dict[str, Any]]) -> None:

@@ -1,25 +1,23 @@
-"""`disttrain doctor`, `disttrain doctor logs`, `disttrain lint`, `disttrain env`.
+"""`disttrain doctor` (preflight checks of this machine) and `disttrain doctor logs`.
 
     disttrain doctor [--gpus 2 --nproc-per-node 2] [--json]   # preflight, exit 1 on a fail
     disttrain doctor logs job.log | - | --pod NAME | --job NAME [-n NS] [--json]
-    disttrain lint train.py [--format json] [--select DT004,DT007] [--ignore DT005]
-    disttrain env [--gpus] [--json]
 
-Exit codes: 0 all good (no failure / no findings), 1 a failure or finding, 2 bad input
-(an unreadable file, a script that does not parse) with one `error:` line.
+Exit codes: 0 all good (no failed check / no failure in the log), 1 a failed check or a
+named cause, 2 bad input (an unreadable file, no or several log sources) with one
+`error:` line. `disttrain lint` and `disttrain env` are in lint_cmd.py and env_cmd.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 import click
 
-from disttrain.cli.options import fail
-
-CTX = {"help_option_names": ["-h", "--help"]}
+from disttrain.cli.options import CTX, fail
 
 
 # -- doctor (preflight) ---------------------------------------------------------------------
@@ -82,7 +80,8 @@ def _print_checks(checks: list[Any]) -> None:
               help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, K3s's file)")
 @click.option("--context", "kube_context", default=None, help="kubeconfig context")
 @click.option("--json", "as_json", is_flag=True,
-              help="print {cause, title, rank, host, evidence, fix, consequences}")
+              help="print {cause, title, rank, host, evidence, fix, consequences, confidence, "
+                   "confidence_evidence, alternative}")
 def logs(source: str | None, pod: str | None, job: str | None, namespace: str,
          container: str | None, kubeconfig: str | None, kube_context: str | None,
          as_json: bool) -> None:
@@ -105,25 +104,40 @@ def logs(source: str | None, pod: str | None, job: str | None, namespace: str,
 
 
 def _read_log(source: str) -> str:
+    """The log as text; read as bytes and decoded leniently, so a log cut mid-character or
+    holding a binary dump still gets a diagnosis instead of a UnicodeDecodeError."""
     if source == "-":
         stream = getattr(sys.stdin, "buffer", None)
         data = stream.read() if stream is not None else sys.stdin.read().encode()
+    elif os.path.isdir(source):  # `disttrain run`'s runs/NAME/logs: every rank's files
+        from disttrain.diagnose.log_sources import read_log_dir
+
+        text = read_log_dir(source)
+        if text is None:
+            fail(f"{source}: is a directory with no *.log files (give a log file, or the "
+                 f"logs folder of a run)")
+        return text
     else:
-        try:
-            with open(source, "rb") as f:
+        from disttrain.errors import SpecError
+        from disttrain.spec.paths import check_readable_file
+
+        try:  # checked first: a too-long name, a NUL or a FIFO must not crash or hang
+            with open(check_readable_file(source, kind="log file"), "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
-            fail(f"{source}: no such file")
-        except IsADirectoryError:
-            fail(f"{source}: is a directory, not a log file")
-        except OSError as exc:
+        except SpecError as exc:
+            fail(str(exc))
+        except OSError as exc:  # gone or changed since the check
             fail(f"{source}: cannot read: {exc.strerror or exc}")
     return data.decode("utf-8", errors="replace")
 
 
 def _fetch_k8s(pod: str | None, job: str | None, namespace: str, container: str | None,
                kubeconfig: str | None, kube_context: str | None) -> str:
-    """One pod's log, or every pod of a job prefixed `[rank N pod]` as `k8s logs` prints."""
+    """One pod's log, or every pod of a job prefixed `[rank N pod]` as `k8s logs` prints.
+
+    The client is looked up, not imported by name, so a disttrain without it still answers
+    with the `kubectl logs` way round; a cluster that cannot be read is exit 2 here (the
+    doctor was pointed at a log it cannot read, which is no finding about the job)."""
     try:
         from disttrain.k8s import client as kube
     except ImportError as exc:
@@ -142,67 +156,6 @@ def _fetch_k8s(pod: str | None, job: str | None, namespace: str, container: str 
     except kube_error as exc:
         fail(f"cannot read the logs from the cluster: {exc}")
     return "\n".join(f"{p.prefix} {line}" for p in pod_logs for line in p.text.splitlines())
-
-
-# -- lint -------------------------------------------------------------------------------------
-def _rule_list(value: str | None) -> list[str] | None:
-    if not value:
-        return None
-    from disttrain.diagnose.lint import RULES
-
-    ids = [v.strip().upper() for v in value.split(",") if v.strip()]
-    unknown = [i for i in ids if i not in RULES]
-    if unknown:
-        fail(f"unknown rule id(s) {', '.join(unknown)}; see `disttrain lint --list-rules`")
-    return ids
-
-
-@click.command(context_settings=CTX)
-@click.argument("scripts", nargs=-1)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="output format")
-@click.option("--select", default=None, help="only these rules, e.g. DT004,DT007")
-@click.option("--ignore", "ignore_rules", default=None, help="skip these rules")
-@click.option("--list-rules", is_flag=True, help="print the rules and exit")
-def lint(scripts: tuple[str, ...], fmt: str, select: str | None, ignore_rules: str | None,
-         list_rules: bool) -> None:
-    """Check training scripts against the distributed-training checklist (DT001...).
-
-    `# disttrain: ignore[DT004]` on a line silences that rule there. Exit 1 when there
-    are findings."""
-    from disttrain.diagnose.lint import RULES, format_findings, lint_paths
-    from disttrain.errors import LintError
-
-    if list_rules:
-        for r in RULES.values():
-            click.echo(f"{r.id}  {r.name:26s} {r.summary}")
-        return
-    if not scripts:
-        fail("give at least one SCRIPT to lint (or --list-rules)")
-    try:
-        findings = lint_paths(scripts, _rule_list(select), _rule_list(ignore_rules))
-    except LintError as exc:
-        fail(str(exc))
-    if fmt == "json":
-        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, ensure_ascii=False))
-    else:
-        click.echo(format_findings(findings))
-    raise click.exceptions.Exit(1 if findings else 0)
-
-
-# -- env --------------------------------------------------------------------------------------
-@click.command(context_settings=CTX)
-@click.option("--gpus", is_flag=True, help="per-GPU memory, utilization, processes, NVLink")
-@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def env(gpus: bool, as_json: bool) -> None:
-    """Print a copy-pasteable report: versions, devices, distributed env vars, HAMi limits."""
-    from disttrain.diagnose.envreport import collect, format_report
-
-    report = collect(gpus=gpus)
-    if as_json:
-        click.echo(json.dumps(report, indent=2, default=str))
-    else:
-        click.echo(format_report(report))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,7 +4,7 @@
     disttrain k8s verify -f job.yaml --json --keep
 
 The check job is `disttrain.verify.runner.verify_job_spec(spec)`: the job's cluster settings,
-`verify_checks.py` (torch only) shipped in the ConfigMap, named `<name>-verify`.
+`disttrain/verify/verify_checks.py` (torch only) shipped in the ConfigMap, named `<name>-verify`.
 Exit codes: 0 all checks passed, 1 a check failed or the cluster refused, 2 bad input.
 """
 
@@ -14,12 +14,13 @@ from typing import Any
 
 import click
 
-from disttrain.cli.k8s_cmd import CTX, _cluster_args, _load, _on_cluster, _render, _spec_args
+from disttrain.cli.k8s_common import cluster_args, load_job, on_cluster, render_or_fail, spec_args
+from disttrain.cli.options import CTX
 
 
 @click.command(context_settings=CTX)
-@_spec_args
-@_cluster_args
+@spec_args
+@cluster_args
 @click.option("--json", "as_json", is_flag=True,
               help="one JSON object per check and rank, then the verdict (pod logs on stderr)")
 @click.option("--keep", is_flag=True, help="leave the finished check job on the cluster")
@@ -32,9 +33,9 @@ def verify(script: str | None, script_args: tuple[str, ...], spec_file: str | No
     from disttrain.cli.verify_cmd import print_report
     from disttrain.verify.runner import DEFAULT_STEPS, json_lines, verify_job_spec, verify_on_cluster
 
-    spec = _load(script, script_args, spec_file, kwargs)
-    _render(verify_job_spec(spec))  # bad input: exit 2 before the cluster is contacted
-    results, code = _on_cluster(kubeconfig, context, lambda cluster: verify_on_cluster(
+    spec = load_job(script, script_args, spec_file, kwargs)
+    render_or_fail(verify_job_spec(spec))  # bad input: exit 2 before the cluster is contacted
+    results, code = on_cluster(kubeconfig, context, lambda cluster: verify_on_cluster(
         spec, cluster, out=lambda line: click.echo(line, err=as_json), keep=keep,
         steps=steps or DEFAULT_STEPS))
     if as_json:

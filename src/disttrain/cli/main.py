@@ -23,8 +23,8 @@ COMMANDS: dict[str, str] = {
     "verify": "disttrain.cli.verify_cmd:verify",
     "bench": "disttrain.cli.bench_cmd:bench",
     "doctor": "disttrain.cli.doctor_cmd:doctor",
-    "lint": "disttrain.cli.doctor_cmd:lint",
-    "env": "disttrain.cli.doctor_cmd:env",
+    "lint": "disttrain.cli.lint_cmd:lint",
+    "env": "disttrain.cli.env_cmd:env",
 }
 
 HELP = {
@@ -79,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _mark_start() -> None:
-    """DISTTRAIN_T0: this command's start time, so workers can report time-to-first-step."""
+    """`envvars.T0`: this command's start time, so workers can report time-to-first-step."""
     import os
     import time
 
-    if "DISTTRAIN_T0" not in os.environ:
+    from disttrain import envvars
+
+    if envvars.T0 not in os.environ:
         try:
             with open(f"/proc/{os.getpid()}/stat") as f:
                 start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -92,7 +94,7 @@ def _mark_start() -> None:
             t0 = time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, IndexError):
             t0 = time.time()
-        os.environ["DISTTRAIN_T0"] = repr(t0)
+        envvars.set_env(envvars.T0, repr(t0))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ from disttrain.spec.job import field_index
 # fields set by the CLI itself, never by a flag
 HIDDEN = {"port_explicit", "script", "args"}
 
+# every verb answers -h as well as --help
+CTX: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
 
 class YamlValue(click.ParamType):
     """A structured field given on the command line as YAML: --cpu '{request: "2"}'."""

@@ -7,15 +7,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import click
 
 from disttrain.cli.options import SpecFile, fail, job_overrides, load_spec, spec_options
-
-RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,7 +50,8 @@ def _prewarm(spec: Any) -> None:
     import os
 
     from disttrain.launch.argv import resolve_nproc
-    from disttrain.launch.launchers import prewarm_workers, worker_env
+    from disttrain.launch.forkserver import prewarm_workers
+    from disttrain.launch.plan import worker_env
 
     # What the workers will inherit (OMP_NUM_THREADS), without asking torch how many GPUs
     # there are (gpus=0): that import is what the server overlaps.
@@ -61,7 +59,7 @@ def _prewarm(spec: Any) -> None:
         os.environ.setdefault(k, v)
 
     cfg = spec.train
-    prewarm_workers({"example": spec.workload, "data_dir": cfg.data_dir,
+    prewarm_workers({"workload": spec.workload, "data_dir": cfg.data_dir,
                      "num_samples": cfg.num_samples, "input_size": cfg.input_size})
 
 
@@ -75,20 +73,24 @@ def _file_sets_port(spec_file: str | None) -> bool:
 
 
 def _check_inputs(spec: Any) -> None:
-    """Refuse, before any process starts, what would only fail inside every worker."""
-    if spec.script and not _is_file(spec.script):
-        fail(f"script {spec.script[:300]}: no such file")
-    if not spec.script:
-        _check_strategy(spec)
-    from disttrain.launch.argv import local_gpu_count
+    """Refuse, before any process starts, what would only fail inside every worker: the
+    host rules (`disttrain.spec.rules.check_runnable`, which every rank applies again),
+    a script that cannot be read, missing MNIST files."""
+    from disttrain.errors import DistEnvError, DisttrainError
+    from disttrain.launch.devices import local_gpu_count
+    from disttrain.spec.paths import check_readable_file
+    from disttrain.spec.rules import check_runnable
 
-    if spec.train.precision == "fp16" and local_gpu_count() == 0 and not spec.script:
-        fail("train.precision: fp16 autocast needs a CUDA GPU; on CPU use --precision bf16")
-    if spec.launch.backend == "nccl" and local_gpu_count() == 0:
-        fail("launch.backend: nccl needs CUDA GPUs and none is visible; use --backend gloo "
-             "(or auto)")
+    try:
+        if spec.script:
+            check_readable_file(spec.script, "script ", kind="script")
+        check_runnable(spec, gpus=local_gpu_count(), world_size=_env_world_size(spec))
+    except DistEnvError as exc:
+        fail(f"--launcher env: {exc}")
+    except DisttrainError as exc:
+        fail(str(exc))
     if spec.workload == "mnist" and not spec.train.download:
-        from disttrain.train.data import DEFAULT_MNIST_DIR, find_mnist, mnist_candidates
+        from disttrain.examples.datasets import DEFAULT_MNIST_DIR, find_mnist, mnist_candidates
 
         root = Path(spec.train.data_dir or DEFAULT_MNIST_DIR)
         if find_mnist(root) is None:
@@ -97,64 +99,30 @@ def _check_inputs(spec: Any) -> None:
                  f"pass --data-dir DIR, or add --download")
 
 
-def _check_strategy(spec: Any) -> None:
-    """Built-in job combinations that every worker would reject (or crash on) at start.
+def _env_world_size(spec: Any) -> int | None:
+    """WORLD_SIZE under `--launcher env` with strategy dp (each rank is its own `disttrain
+    run`, so the environment is all there is to know the job's size); None otherwise."""
+    if spec.script or spec.train.strategy != "dp" or spec.launch.launcher != "env":
+        return None
+    from disttrain.distributed.env import read_env
 
-    Only for the built-in job: a user script reads its own arguments, not `train`.
-    """
-    cfg, nproc = spec.train, spec.launch.nproc_per_node
-    if cfg.strategy == "dp" and isinstance(nproc, int) and nproc > 1:
-        fail(f"launch.nproc_per_node: strategy dp runs ONE process that drives all visible "
-             f"GPUs (nn.DataParallel), not {nproc}; use --nproc-per-node 1, or "
-             f"--strategy ddp for one process per GPU (recommended)")
-    if cfg.strategy == "dp" and spec.launch.nnodes > 1:
-        fail(f"launch.nnodes: strategy dp is one process on one machine, not {spec.launch.nnodes} "
-             f"nodes; use --strategy ddp across nodes")
-    if cfg.strategy == "dp" and spec.launch.launcher == "env":
-        from disttrain.distributed.runtime import read_env
-        from disttrain.errors import DistEnvError
-
-        try:
-            world = read_env().world_size
-        except DistEnvError as exc:
-            fail(f"--launcher env: {exc}")
-        if world > 1:
-            fail(f"WORLD_SIZE={world}: strategy dp is ONE process that drives all visible GPUs "
-                 f"(nn.DataParallel), so there is nothing for other ranks to do; set "
-                 f"WORLD_SIZE=1, or use --strategy ddp (one process per GPU, recommended)")
-    if cfg.strategy == "fsdp" and cfg.comm_hook == "powersgd":
-        fail("train.comm_hook: powersgd is a DDP comm hook and FSDP has none; "
-             "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
-
-
-def _is_file(path: str) -> bool:
-    """Path.is_file that answers False for names the OS refuses (too long, NUL)."""
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):
-        return False
+    return read_env().world_size
 
 
 def _prepare_run_dir(spec: Any) -> Path:
-    """Create the run dir (clearing an earlier run's outputs) and write job.yaml there.
+    """Create the run dir (clearing an earlier run's outputs) and write job.yaml there
+    (`disttrain.rundir.prepare_run_dir`); only the rank that owns the outputs may delete
+    them (see `_owns_outputs`)."""
+    from disttrain.errors import SpecError
+    from disttrain.rundir import prepare_run_dir
+    from disttrain.spec.paths import check_writable_dir
 
-    Every rank writes the same job.yaml atomically, which is harmless; only the rank
-    that owns the outputs may delete them (see `_owns_outputs`).
-    """
-    run_dir = spec.run_dir
-    if not spec.train.resume and run_dir.exists() and _owns_outputs(spec):
-        old = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
-        if old:
-            click.echo(f"note: {run_dir} holds an earlier run; replacing it "
-                       f"(use --resume to continue it instead)")
-        for path in old:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = run_dir / "job.yaml"
-    from disttrain.rundir import write_text_atomic
-
-    write_text_atomic(spec_path, spec.to_yaml())
-    return spec_path
+    try:
+        check_writable_dir(spec.run_dir, "train.run_dir: ")
+    except SpecError as exc:
+        fail(str(exc))
+    clear = not spec.train.resume and spec.run_dir.exists() and _owns_outputs(spec)
+    return prepare_run_dir(spec.run_dir, spec.to_yaml(), clear=clear, note=click.echo)
 
 
 def _owns_outputs(spec: Any) -> bool:
@@ -165,7 +133,7 @@ def _owns_outputs(spec: Any) -> bool:
     """
     if spec.launch.launcher != "env":
         return True
-    from disttrain.distributed.runtime import read_env
+    from disttrain.distributed.env import read_env
     from disttrain.errors import DistEnvError
 
     try:
@@ -178,9 +146,9 @@ def _run(spec: Any) -> int:
     from disttrain.errors import LaunchError
     from disttrain.launch.launchers import launch
 
-    spec_path = _prepare_run_dir(spec)
+    _prepare_run_dir(spec)
     try:
-        result = launch(spec, spec_path)
+        result = launch(spec)
     except LaunchError as exc:
         fail(str(exc))
     for note in result.notes:
@@ -190,8 +158,16 @@ def _run(spec: Any) -> int:
     return result.exit_code
 
 
+def _failed_ranks(failures: dict[int, Any]) -> list[int]:
+    """Ranks that failed, not those torchrun then stopped (SIGTERM, exit code -15)."""
+    def stopped(f: Any) -> bool:
+        return isinstance(f, dict) and f.get("exitcode") == -15
+    failed = [r for r, f in failures.items() if not stopped(f)]
+    return sorted(failed or failures)
+
+
 def _explain_failure(result: Any) -> None:
-    ranks = ", ".join(str(r) for r in sorted(result.failures)) or "?"
+    ranks = ", ".join(str(r) for r in _failed_ranks(result.failures)) or "?"
     for stall in getattr(result, "stalls", []):  # the watchdog's finding names the cause
         click.echo(f"error: {stall}", err=True)
     click.echo(f"error: the job failed (failed rank(s): {ranks})", err=True)

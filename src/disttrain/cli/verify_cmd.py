@@ -41,7 +41,7 @@ def verify(spec_file: str | None, as_json: bool, steps: int | None, fault: str |
     versions match, on every rank. Exit 1 names the failed check and rank."""
     overrides = collect_overrides(kwargs)
     if overrides.get("launcher", "torchrun") == "torchrun" and not spec_file:
-        from disttrain.launch.launchers import prewarm_workers
+        from disttrain.launch.forkserver import prewarm_workers
 
         prewarm_workers()  # the workers' torch import overlaps ours
     spec = load_spec(spec_file, overrides)

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from disttrain import envvars
 from disttrain.diagnose import system
 
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
@@ -31,7 +32,7 @@ ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
              "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "NODE_RANK", "HOSTNAME",
              "KUBERNETES_SERVICE_HOST", "ACTIVE_OOM_KILLER", "LD_PRELOAD")
 MASK = "****"
-_INTERNAL = {"DISTTRAIN_T0"}   # disttrain's own start clock, not configuration
+_INTERNAL = {envvars.T0}   # disttrain's own start clock, not configuration
 
 
 def masked_env(env: Mapping[str, str]) -> dict[str, str]:

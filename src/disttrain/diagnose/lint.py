@@ -1,4 +1,4 @@
-"""`disttrain lint`: check a training script against the guide's checklist, statically.
+"""`disttrain lint`: check a training script against the DDP checklist, statically.
 
     disttrain lint train.py                     # path:line: DT004 message / fix
     disttrain lint --format json a.py b.py      # [{"rule","path","line","message","fix"}]
@@ -6,8 +6,10 @@
 
     findings = lint_paths(["train.py"])         # raises LintError for unreadable input
 
-Seed 000 appendix A (the checklist) and §8 (errors) turned into AST rules with stable
-ids; see RULES and docs/troubleshooting.md. Nothing is executed and torch is not
+The checklist of a correct DDP script, and the errors a wrong one ends in, turned into AST
+rules with stable ids: DT001-005 in rules_checklist.py, DT006-010 in rules_sync.py,
+DT011-018 in rules_pitfalls.py, registered through lint_registry.py; see RULES and
+docs/troubleshooting.md. Nothing is executed and torch is not
 imported: linting answers in milliseconds on a laptop without GPUs. Rules prefer
 silence to guessing: each one fires only on a pattern it can name precisely.
 """
@@ -27,6 +29,7 @@ from disttrain.diagnose import rules_checklist, rules_pitfalls, rules_sync  # no
 from disttrain.diagnose.lint_ctx import ScriptInfo
 from disttrain.diagnose.lint_registry import CHECKS, RULES, Rule
 from disttrain.errors import LintError
+from disttrain.spec.paths import check_readable_file
 
 __all__ = ["RULES", "Finding", "LintError", "Rule", "format_findings", "lint_paths",
            "lint_source"]
@@ -127,14 +130,9 @@ def lint_paths(paths: Iterable[str | Path], select: Iterable[str] | None = None,
     """
     sources = []
     for p in paths:
-        path = Path(p)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise LintError(f"{p}: no such file") from None
-        except IsADirectoryError:
-            raise LintError(f"{p}: is a directory, not a script") from None
-        except OSError as exc:
+        try:  # checked first: a too-long name, a NUL or a FIFO must not crash or hang
+            data = check_readable_file(p, kind="script", error=LintError).read_bytes()
+        except OSError as exc:  # gone or changed since the check
             raise LintError(f"{p}: cannot read: {exc.strerror or exc}") from None
         try:
             text = data.decode("utf-8-sig")

@@ -3,7 +3,7 @@
 A distributed job's log is several processes' output interleaved: torchrun prefixes
 worker lines with `[rank1]:` (global rank) and, with `--tee`, `[default1]:` (local rank);
 `kubectl logs --prefix` adds `[pod/NAME/CONTAINER] ` and `disttrain k8s logs`
-`[rank 1 NAME] ` (the pod's node rank and name); NCCL lines start with
+`[rank 1 NAME] ` (the pod's node rank and name), mpirun `[1,0]<stderr>:`; NCCL lines start with
 `host:pid:tid [dev] NCCL`; mp.spawn announces `-- Process 1 terminated with the following
 error:`. torchrun's ChildFailedError summary names every failed rank with its host, exit
 code and (with @record) traceback, and marks the *first observed failure*. This module
@@ -27,6 +27,7 @@ _PIPE = re.compile(r"^([a-z0-9](?:[a-z0-9.-]{0,61}[a-z0-9])?)\s+\|\s")  # `name 
 _RANK = re.compile(r"^\[rank(\d+)\]:\s?")                      # torchrun worker prefix
 _DT_POD = re.compile(r"^\[rank \S+ ([^\]\s]+)\]\s?")               # disttrain k8s logs
 _LOCAL = re.compile(r"^\[[A-Za-z_][\w-]*?(\d+)\]:\s?")          # torchrun --tee [default0]:
+_MPI = re.compile(r"^\[\d+,(?:mpirank:)?(\d+)(?:,[^\]]*)?\]<std(?:out|err)>:\s?")  # mpirun
 _RANK_IN_TEXT = re.compile(r"\bRank (\d+)\]")                   # ProcessGroupNCCL "[... Rank 3]"
 _NCCL_HOST = re.compile(r"^([\w.-]+):\d+:\d+ \[\d+\] .*?NCCL (?:INFO|WARN)")
 _SPAWN_RANK = re.compile(r"^-- Process (\d+) terminated with the following error:")
@@ -98,7 +99,7 @@ def split_lines(text: str) -> list[Line]:
     spawn_rank: int | None = None
     for no, raw in enumerate(text.splitlines(), start=1):
         raw = _ANSI.sub("", raw)[:MAX_LINE]
-        line = _strip_prefixes(no, raw)
+        line = strip_prefixes(no, raw)
         text = line.text
         if text.startswith("-- Process") and line.rank is None:
             m = _SPAWN_RANK.match(text)
@@ -117,7 +118,8 @@ def split_lines(text: str) -> list[Line]:
     return lines
 
 
-def _strip_prefixes(no: int, raw: str) -> Line:
+def strip_prefixes(no: int, raw: str) -> Line:
+    """One raw line as a Line: the prefixes removed, and what they said kept."""
     line = Line(no=no, raw=raw, text=raw)
     text = raw
     for _ in range(6):  # prefixes nest: [pod/x/c] 2024-...Z [default1]:[rank1]: ...
@@ -142,6 +144,11 @@ def _strip_prefixes(no: int, raw: str) -> Line:
             m = _LOCAL.match(text)
             if m:
                 line.local_rank = int(m.group(1))
+                text = text[m.end():]
+                continue
+            m = _MPI.match(text) if "]<std" in text[:40] else None
+            if m:
+                line.rank = int(m.group(1))
                 text = text[m.end():]
                 continue
         elif line.pod is None and " | " in text[:70]:
@@ -229,7 +236,9 @@ def find_exceptions(lines: list[Line]) -> list[ExceptionEvent]:
     """Every traceback's final exception, followed per process so interleaving is harmless.
 
     Inside torchrun's summary (`traceback : Traceback ...`) frames are indented by four
-    and the exception by two spaces; elsewhere the exception line is not indented.
+    and the exception by two spaces; elsewhere the exception line is not indented. A
+    `File "...", line N` frame opens a traceback even without its header line: pasted
+    excerpts often start inside one.
     """
     open_tb: dict[tuple[str | None, int | None, int | None],
                   tuple[list[tuple[str, int, str, int]], bool]] = {}
@@ -240,10 +249,12 @@ def find_exceptions(lines: list[Line]) -> list[ExceptionEvent]:
         if "Traceback (most recent call last):" in text:
             open_tb[key] = ([], bool(re.match(r"^\s*traceback\s*:", text)))
             continue
+        m = _FRAME.match(text) if "File \"" in text else None
         if key not in open_tb:
-            continue
+            if m is None:
+                continue
+            open_tb[key] = ([], False)   # an excerpt that starts inside a traceback
         frames, in_summary = open_tb[key]
-        m = _FRAME.match(text)
         if m:
             frames.append((m.group("file"), int(m.group("line")), m.group("func").strip(), i))
             continue
@@ -261,9 +272,10 @@ def find_exceptions(lines: list[Line]) -> list[ExceptionEvent]:
 def user_frame(event: ExceptionEvent) -> tuple[str, int, str, int] | None:
     """The innermost frame in the user's own code (not torch, not the stdlib)."""
     for frame in reversed(event.frames):
-        path = frame[0]
+        path = frame[0].replace("\\", "/")   # Windows paths read like POSIX ones
         if ("site-packages" in path or "dist-packages" in path or path.startswith("<")
-                or re.search(r"/lib/python3\.\d+/", path)):
+                or re.search(r"/lib/python3\.?\d+/|^[A-Za-z]:/Python3\d+/Lib/", path,
+                             re.IGNORECASE)):
             continue
         return frame
     return None

@@ -18,34 +18,33 @@ closed" errors it caused. `unknown` is said plainly rather than guessed.
 
 from __future__ import annotations
 
-import bisect
 import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from disttrain.diagnose.log_advice import JobContext, context, enrich, tailor, unknown_fix
+from disttrain.diagnose.log_confidence import Confidence, grade, select
+from disttrain.diagnose.log_hits import (
+    Hit,
+    demote_consequences,
+    exception_hits,
+    record_hits,
+    signature_hits,
+)
+from disttrain.diagnose.log_normalize import normalize
 from disttrain.diagnose.log_parse import (
-    ExceptionEvent,
     FailureRecord,
     Line,
     find_exceptions,
     parse_summary,
     split_lines,
-    user_frame,
 )
 from disttrain.diagnose.log_rules import (
     CAUSES,
     FAILURE_SIGNAL,
     FIELD_DEFAULTS,
-    NEEDLES,
-    RANK,
-    ROOT,
-    SIGNATURES,
     TRAINING_MARKER,
-    UNFILTERED,
-    WRAPPER_EXCEPTIONS,
-    WRAPPER_MESSAGES,
-    Signature,
 )
 
 __all__ = ["CAUSES", "Diagnosis", "diagnose", "format_diagnosis"]
@@ -67,6 +66,9 @@ class Diagnosis:
         evidence: the log lines the conclusion rests on, as they appear in the log.
         fix: what to change.
         consequences: ids of other causes seen, which followed from the root cause.
+        confidence: `high`, `medium` or `low` (log_confidence says when each is given).
+        confidence_evidence: the lines that decided the confidence.
+        alternative: the other cause that is possible (always named when `low`), or None.
     """
 
     cause: str
@@ -76,28 +78,23 @@ class Diagnosis:
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
     consequences: list[str] = field(default_factory=list)
+    confidence: str = "low"
+    confidence_evidence: list[str] = field(default_factory=list)
+    alternative: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The `--json` shape: cause, title, rank, host, evidence, fix, consequences."""
+        """The `--json` shape: cause, title, rank, host, evidence, fix, consequences,
+        confidence, confidence_evidence, alternative."""
         return {"cause": self.cause, "title": self.title, "rank": self.rank,
                 "host": self.host, "evidence": list(self.evidence), "fix": self.fix,
-                "consequences": list(self.consequences)}
+                "consequences": list(self.consequences), "confidence": self.confidence,
+                "confidence_evidence": list(self.confidence_evidence),
+                "alternative": self.alternative}
 
     @property
     def failed(self) -> bool:
         """True unless the log shows no failure (cause `none`)."""
         return self.cause != "none"
-
-
-@dataclass
-class _Hit:
-    cause: str
-    strength: int
-    line: int                              # index into the lines list
-    rank: int | None
-    sig: Signature | None = None
-    fields: dict[str, str] = field(default_factory=dict)
-    extra: list[int] = field(default_factory=list)   # more evidence line indices
 
 
 def diagnose(text: str) -> Diagnosis:
@@ -125,112 +122,22 @@ def diagnose(text: str) -> Diagnosis:
 
 
 def _diagnose(text: str) -> Diagnosis:
-    lines = split_lines(text)
+    lines = split_lines(normalize(text))
     records = parse_summary(lines)
     _map_local_ranks(lines, records)
-    hits = _signature_hits(lines)
-    hits += _exception_hits(lines, find_exceptions(lines), hits)
-    hits += _record_hits(records)
+    events = find_exceptions(lines)
+    hits = signature_hits(lines)
+    hits += exception_hits(lines, events, hits)
+    hits += record_hits(records, lines, events)
+    demote_consequences(hits, lines, events)
+    ctx = context(lines)
     if not hits:
-        return _no_cause(lines, records)
+        return _no_cause(lines, records, ctx)
     roots = [r for r in records if r.root]
-    winner = _select(hits, {r.rank for r in roots if r.rank is not None})
-    return _build(winner, hits, lines, records, roots)
-
-
-# -- collecting hits --------------------------------------------------------------------
-def _candidate_lines(lines: list[Line]) -> list[int]:
-    """Lines containing a signature's literal start: a few `str.find` over the whole log."""
-    if UNFILTERED:
-        return list(range(len(lines)))
-    starts, pos = [], 0
-    for line in lines:
-        starts.append(pos)
-        pos += len(line.text) + 1
-    joined = "\n".join(line.text for line in lines)
-    found: set[int] = set()
-    for needle in NEEDLES:
-        at = joined.find(needle)
-        while at != -1:
-            i = bisect.bisect_right(starts, at) - 1
-            found.add(i)
-            at = joined.find(needle, starts[i + 1]) if i + 1 < len(starts) else -1
-    return sorted(found)
-
-
-def _signature_hits(lines: list[Line]) -> list[_Hit]:
-    hits = []
-    for i in _candidate_lines(lines):
-        line = lines[i]
-        for sig in SIGNATURES:
-            m = sig.pattern.search(line.text)
-            if m is None or (sig.exclude is not None and sig.exclude.search(line.text)):
-                continue
-            fields = {k: v for k, v in m.groupdict().items() if v is not None}
-            # `subject_rank`: the message is about that rank, whoever printed it (rank 0's
-            # stall watchdog, also quoted in torchrun's summary under rank 0's name)
-            rank = int(fields["subject_rank"]) if "subject_rank" in fields else line.rank
-            if rank is None and "hit_rank" in fields:   # e.g. mp.spawn's "process 1 ..."
-                rank = int(fields["hit_rank"])
-            hit = _Hit(sig.cause, sig.strength, i, rank, sig, fields)
-            _follow(hit, lines)
-            hits.append(hit)
-            break   # the first (most specific) signature of the line decides
-    return hits
-
-
-def _follow(hit: _Hit, lines: list[Line]) -> None:
-    """Detail printed in the lines right after a message (same process)."""
-    if hit.sig is None or not hit.sig.follow:
-        return
-    stream = lines[hit.line].stream
-    for j in range(hit.line + 1, min(len(lines), hit.line + 12)):
-        if lines[j].stream != stream:
-            continue
-        for pattern in hit.sig.follow:
-            m = pattern.search(lines[j].text)
-            if m:
-                hit.fields.update({k: v for k, v in m.groupdict().items() if v is not None})
-                hit.extra.append(j)
-                if hit.rank is None and "hit_rank" in hit.fields:
-                    hit.rank = int(hit.fields["hit_rank"])
-
-
-def _exception_hits(lines: list[Line], events: list[ExceptionEvent],
-                    hits: list[_Hit]) -> list[_Hit]:
-    """`user_code_error` for each exception that no signature explains."""
-    explained = {h.line for h in hits}
-    out = []
-    for ev in events:
-        if WRAPPER_EXCEPTIONS.search(ev.type) or WRAPPER_MESSAGES.match(ev.message):
-            continue
-        stream = lines[ev.line].stream
-        # the message may continue on the next lines of the same process
-        span = [j for j in range(ev.line, min(len(lines), ev.line + 6))
-                if lines[j].stream == stream]
-        if any(j in explained for j in span):
-            continue
-        frame = user_frame(ev)
-        where = f"{frame[0]}:{frame[1]} in {frame[2]}" if frame else "see the traceback"
-        extra = [frame[3]] if frame else []
-        if frame and frame[3] + 1 < len(lines) and lines[frame[3] + 1].stream == stream:
-            extra.append(frame[3] + 1)
-        msg = ev.message if len(ev.message) <= 200 else ev.message[:197] + "..."
-        out.append(_Hit("user_code_error", RANK, ev.line, lines[ev.line].rank, None,
-                         {"exc_type": ev.type, "exc_msg": msg or "(no message)",
-                          "where": where}, extra))
-    return out
-
-
-def _record_hits(records: list[FailureRecord]) -> list[_Hit]:
-    """A first failure that died of SIGBUS: in containers, almost always /dev/shm."""
-    out = []
-    for rec in records:
-        if rec.root and rec.signal == "SIGBUS":
-            line = rec.lines[-1] if rec.lines else rec.first_line
-            out.append(_Hit("shm_too_small", RANK, line, rec.rank, None,
-                            {"detail": " (a worker died of SIGBUS)"}))
-    return out
+    root_ranks = {r.rank for r in roots if r.rank is not None}
+    winner = select(hits, root_ranks)
+    return _build(winner, hits, lines, records, roots, grade(winner, hits, lines, root_ranks),
+                  ctx)
 
 
 def _map_local_ranks(lines: list[Line], records: list[FailureRecord]) -> None:
@@ -250,20 +157,10 @@ def _map_local_ranks(lines: list[Line], records: list[FailureRecord]) -> None:
             line.rank = by_local[(line.pod, line.local_rank)]
 
 
-# -- choosing the root cause ----------------------------------------------------------------
-def _select(hits: list[_Hit], root_ranks: set[int]) -> _Hit:
-    """Strongest message; then the rank torchrun saw fail first; then the earliest line."""
-    best = max(h.strength for h in hits)
-    if best < ROOT and root_ranks:
-        first_failing = [h for h in hits if h.strength >= RANK and h.rank in root_ranks]
-        if first_failing:
-            return min(first_failing, key=lambda h: (-h.strength, h.line))
-    pool = [h for h in hits if h.strength == best]
-    return min(pool, key=lambda h: (h.rank not in root_ranks, h.line))
 
-
-def _build(winner: _Hit, hits: list[_Hit], lines: list[Line], records: list[FailureRecord],
-           roots: list[FailureRecord]) -> Diagnosis:
+# -- the diagnosis ------------------------------------------------------------------------
+def _build(winner: Hit, hits: list[Hit], lines: list[Line], records: list[FailureRecord],
+           roots: list[FailureRecord], conf: Confidence, ctx: JobContext) -> Diagnosis:
     record = _record_for(winner, lines, roots)
     rank = winner.rank
     if rank is None and record is not None:
@@ -279,12 +176,15 @@ def _build(winner: _Hit, hits: list[_Hit], lines: list[Line], records: list[Fail
     host = (_host_for(rank, record, records) or lines[winner.line].pod
             or _single_host(rank, records) or lines[winner.line].host)
     fields = dict(FIELD_DEFAULTS)
-    fields.update(_enrich(winner))
+    fields.update(enrich(winner))
     if winner.cause == "collective_timeout":
         fields["stragglers"] = _stragglers(hits, lines, records)
     title, fix = CAUSES[winner.cause]
     if winner.sig is not None:
         title, fix = winner.sig.title or title, winner.sig.fix or fix
+    if winner.rank is None and rank is not None:
+        winner.rank = rank
+    title, fix = tailor(winner, title, fix, ctx)
     title = _format(title, fields) + fields.get("title_suffix", "")
     consequences: list[str] = []
     for h in sorted(hits, key=lambda h: h.line):
@@ -292,10 +192,10 @@ def _build(winner: _Hit, hits: list[_Hit], lines: list[Line], records: list[Fail
             consequences.append(h.cause)
     return Diagnosis(winner.cause, title, rank, host,
                      _evidence(winner, hits, lines, record), _format(fix, fields),
-                     consequences)
+                     consequences, conf.level, conf.evidence, conf.alternative)
 
 
-def _record_for(winner: _Hit, lines: list[Line],
+def _record_for(winner: Hit, lines: list[Line],
                 roots: list[FailureRecord]) -> FailureRecord | None:
     """The torchrun root-cause record that belongs with the winning line, if any."""
     if not roots:
@@ -333,31 +233,7 @@ def _single_host(rank: int | None, records: list[FailureRecord]) -> str | None:
     return hosts.pop() if len(hosts) == 1 and rank is not None else None
 
 
-def _enrich(hit: _Hit) -> dict[str, str]:
-    """Derived fields for titles and fixes (human units, the port, parameter names)."""
-    f = dict(hit.fields)
-    if hit.cause == "port_in_use" and "port" in f:
-        f["port_txt"] = f" {f['port']}"
-    if hit.cause == "cuda_oom":
-        if "used" in f and "limit" in f:
-            f["used"] = f"{int(f['used']) / 2**20:,.0f} MiB"
-            f["limit"] = f"{int(f['limit']) / 2**20:,.0f} MiB"
-        if "req" in f:
-            where = f" on GPU {f['gpu']} of {f['cap']}" if "gpu" in f and "cap" in f else ""
-            f["detail"] = f" (tried to allocate {f['req']}{where})"
-    if hit.cause == "rendezvous_failure" and "addr" not in f and "addr2" in f:
-        f["addr"] = f["addr2"]
-    if hit.cause == "unused_parameters":
-        if "names" in f:
-            f["title_suffix"] = f": {f['names'].strip()[:200]}"
-        elif "indices" in f:
-            f["title_suffix"] = f" (parameter indices {f['indices'].strip()[:100]})"
-    if hit.cause == "ddp_mark_ready_twice" and "param" in f:
-        f["title_suffix"] = f"; parameter {f['param']}"
-    return f
-
-
-def _stragglers(hits: list[_Hit], lines: list[Line], records: list[FailureRecord]) -> str:
+def _stragglers(hits: list[Hit], lines: list[Line], records: list[FailureRecord]) -> str:
     seen = {line.rank for line in lines if line.rank is not None}
     seen |= {r.rank for r in records if r.rank is not None}
     timed_out = {h.rank for h in hits if h.cause == "collective_timeout" and h.rank is not None}
@@ -375,7 +251,7 @@ def _format(template: str, fields: dict[str, str]) -> str:
         return template
 
 
-def _evidence(winner: _Hit, hits: list[_Hit], lines: list[Line],
+def _evidence(winner: Hit, hits: list[Hit], lines: list[Line],
               record: FailureRecord | None) -> list[str]:
     idx = [winner.line, *winner.extra]
     others = [h for h in hits if h.cause == winner.cause and h is not winner]
@@ -399,19 +275,23 @@ def _evidence(winner: _Hit, hits: list[_Hit], lines: list[Line],
     return out
 
 
-def _no_cause(lines: list[Line], records: list[FailureRecord]) -> Diagnosis:
+def _no_cause(lines: list[Line], records: list[FailureRecord], ctx: JobContext) -> Diagnosis:
     """`none` for a clean log of a run; `unknown` for a failure no rule explains."""
     failures = [i for i, line in enumerate(lines)
                 if "NCCL INFO" not in line.text and "NCCL WARN" not in line.text
                 and FAILURE_SIGNAL.search(line.text)]
     roots = [r for r in records if r.root]
     if not failures and not roots:
-        if any(TRAINING_MARKER.search(line.text) for line in lines):
-            return Diagnosis("none", CAUSES["none"][0], fix=CAUSES["none"][1])
+        marker = next((ln for ln in lines if TRAINING_MARKER.search(ln.text)), None)
+        if marker is not None:
+            return Diagnosis("none", CAUSES["none"][0], fix=CAUSES["none"][1],
+                             confidence="high", confidence_evidence=[marker.raw.strip()[:300]])
         what = "the log is empty" if not any(ln.text.strip() for ln in lines) else \
             "no failure and no training output found (is this the job's log?)"
-        return Diagnosis("unknown", what, fix=CAUSES["unknown"][1])
+        return Diagnosis("unknown", what, fix=unknown_fix(CAUSES["unknown"][1], ctx),
+                         alternative="none")
     title, fix = CAUSES["unknown"]
+    fix = unknown_fix(fix, ctx)
     rank = host = None
     evidence = [lines[i].raw.strip()[:MAX_EVIDENCE_CHARS] for i in failures[:3]]
     crash = next((r for r in roots if r.signal in ("SIGSEGV", "SIGABRT", "SIGILL")), None)
@@ -428,7 +308,9 @@ def _no_cause(lines: list[Line], records: list[FailureRecord]) -> Diagnosis:
         rank, host = roots[0].rank, roots[0].host
         evidence += [lines[i].raw.strip() for i in roots[0].lines
                      if re.match(r"^\s*(rank|exitcode)\s*:", lines[i].text)]
-    return Diagnosis("unknown", title, rank, host, evidence[:MAX_EVIDENCE], fix)
+    return Diagnosis("unknown", title, rank, host, evidence[:MAX_EVIDENCE], fix,
+                     confidence="low", confidence_evidence=evidence[:3],
+                     alternative="user_code_error" if roots else None)
 
 
 def format_diagnosis(d: Diagnosis) -> str:
@@ -447,6 +329,8 @@ def format_diagnosis(d: Diagnosis) -> str:
     if d.consequences:
         named = ", ".join(d.consequences)
         out.append(f"then (consequences, not the cause): {named}")
+    if d.confidence == "low" and d.alternative and d.cause != "unknown":
+        out.append(f"confidence: low (it could also be {d.alternative})")
     if d.fix:
         out.append(textwrap.fill(d.fix, width=100, initial_indent="fix: ",
                                  subsequent_indent="     "))

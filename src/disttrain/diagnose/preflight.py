@@ -5,9 +5,9 @@
 
     checks = run_checks(Probe(env={...}, gpus=2))   # fakes for any probe in tests
 
-The checks are the guide's §8 failures caught before they cost a run: no GPU visible
-(§8.2), the master port taken (§8.3), a wrong NCCL_SOCKET_IFNAME (§8.1), a tiny /dev/shm,
-an unreachable MASTER_ADDR. Network checks only ever connect to loopback or the given
+The checks are the usual launch failures (docs/troubleshooting.md), caught before they
+cost a run: no GPU visible, the master port taken, a wrong NCCL_SOCKET_IFNAME, a tiny
+/dev/shm, an unreachable MASTER_ADDR. Network checks only ever connect to loopback or the given
 MASTER_ADDR, with a bounded timeout.
 """
 

@@ -23,10 +23,22 @@ def dt001(info: ScriptInfo) -> Iterator[Hit]:
                      "it, GPU 0 gathers every output, and it cannot span nodes", None)
 
 
+_CPU_PATH_FIX = ('Choose the backend where the device is chosen: `dist.init_process_group('
+                 '"nccl" if torch.cuda.is_available() else "gloo")`.')
+
+
+def _has_cpu_path(info: ScriptInfo) -> bool:
+    """The script asks whether CUDA is there and names a CPU device: it means to run on CPU."""
+    asks = any(info.call_name(c).endswith("cuda.is_available") for c in info.calls)
+    cpu = any(isinstance(n, ast.Constant) and n.value == "cpu" for n in info.nodes)
+    return asks and cpu
+
+
 @rule("DT002", "backend-device",
-      "nccl backend in code that never uses a GPU, or gloo in code that trains on GPUs",
+      "nccl backend in code that never uses a GPU or that also runs on CPU, or gloo in code "
+      "that trains on GPUs",
       "Choose the backend from the device: backend='nccl' if torch.cuda.is_available() else "
-      "'gloo' (seed 000 §7.1), or let torchrun/disttrain pick (--backend auto).")
+      "'gloo', or let torchrun/disttrain pick (--backend auto).")
 def dt002(info: ScriptInfo) -> Iterator[Hit]:
     inits = list(info.calls_to("init_process_group"))
     backends = {(literal_str(keyword(c, "backend", 0)) or "?").lower() for c in inits}
@@ -41,6 +53,11 @@ def dt002(info: ScriptInfo) -> Iterator[Hit]:
             yield (call, 'backend="nccl" but the script never puts a tensor on a GPU: NCCL '
                          'only moves CUDA tensors ("No backend type associated with device '
                          'type cpu")', None)
+        elif backend == "nccl" and _has_cpu_path(info):
+            yield (call, 'backend="nccl" is hard-coded, but the script also has a CPU path '
+                         '(torch.cuda.is_available() ... "cpu"): on a machine without GPUs '
+                         'init_process_group("nccl") fails before that path is reached',
+                   _CPU_PATH_FIX)
         elif backend == "gloo" and info.trains_on_gpu():
             yield (call, 'backend="gloo" in a script that trains on GPUs: gloo copies every '
                          'gradient through the CPU and is several times slower than NCCL',

@@ -1,4 +1,4 @@
-"""Rules beyond the checklist (DT011-DT018): mistakes seen in the seeds and in issues.
+"""Rules beyond the checklist (DT011-DT018): mistakes seen in real scripts and bug reports.
 
 Each is here because it is precise (a pattern that is wrong wherever it appears) and
 because the failure it prevents is expensive: a checkpoint that does not load, every rank

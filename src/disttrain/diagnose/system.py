@@ -99,7 +99,7 @@ def nvml_gpu_count() -> int | None:
             pynvml.nvmlShutdown()
 
 
-# -- HAMi (reference k8s-hami.md §1.4/§1.5) --------------------------------------------
+# -- HAMi: the limits HAMi-core reads from the container's env (docs/cluster.md) ---------
 def parse_limit(value: str) -> int | None:
     """HAMi-core's CUDA_DEVICE_MEMORY_LIMIT syntax: N[k|m|g] (bare = bytes); 0 = none."""
     m = _LIMIT.match(value or "")

@@ -1,4 +1,4 @@
-"""DDP gradient communication hooks (seed 002's "gradient compression"), with real byte counts.
+"""DDP gradient communication hooks ("gradient compression"), with real byte counts.
 
     stats = register_comm_hook(ddp_model, "fp16", total_steps=1000)
     ...train...
@@ -26,7 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-HOOKS = ("none", "fp16", "bf16", "powersgd")
+from disttrain import envvars
+from disttrain.errors import StrategyError
+from disttrain.spec.fields import COMM_HOOKS
+
 _LOCK = threading.Lock()
 _INFLIGHT: dict[int, CommStats] = {}   # id(stats) -> stats with a hook call in progress
 _ORIGINAL_ALL_REDUCE: Callable[..., Any] | None = None
@@ -140,7 +143,7 @@ def yield_until_done(fut: torch.futures.Future) -> None:
     vCPU halt, and every one of the several thread hand-offs inside gloo then pays a
     wake-up. Polling happens only for the last bucket of a step, when backward has no
     compute left to overlap and the thread would block right after anyway; only for gloo
-    (CPU): NCCL's waits are on CUDA streams. DISTTRAIN_NO_COMM_POLL=1 turns it off.
+    (CPU): NCCL's waits are on CUDA streams. `envvars.NO_COMM_POLL` turns it off.
     """
     while not fut.done():
         os.sched_yield()
@@ -185,7 +188,7 @@ def register_comm_hook(model: Any, name: str, total_steps: int = 1000, rank: int
             use_error_feedback=True, warm_start=True, random_seed=0)
         hook = powerSGD_hook.powerSGD_hook
     else:
-        raise ValueError(f"unknown comm_hook {name!r}; choose one of {', '.join(HOOKS)}")
-    poll = poll and not os.environ.get("DISTTRAIN_NO_COMM_POLL")
+        raise StrategyError(f"unknown comm_hook {name!r}; choose one of {', '.join(COMM_HOOKS)}")
+    poll = poll and not envvars.flag(envvars.NO_COMM_POLL)
     model.register_comm_hook(state, counting(hook, stats, poll_last=poll))
     return stats

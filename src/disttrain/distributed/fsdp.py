@@ -1,11 +1,9 @@
-"""FSDP for the Trainer: FSDP2 `fully_shard` where torch has it, else FSDP1; DCP checkpoints.
+"""FSDP for the Trainer: FSDP2 `fully_shard` where torch has it, else FSDP1.
 
     model = wrap_fsdp(model, rt, sharding="full", min_params=100_000)
     with fsdp_no_sync(model): ...                      # accumulation micro-steps
-    ref = save_sharded(ckpt_dir, step, model, optimizer, rank0=rt.is_rank0)
-    load_sharded(ckpt_dir / ref["dcp"], model, optimizer)
 
-Seed 000 §1 lists FSDP for models that do not fit one GPU: parameters, gradients and
+FSDP is for models that do not fit one GPU: parameters, gradients and
 optimizer state are sharded over ranks and gathered per unit around its forward and
 backward. Units are chosen by size, like torch's `size_based_auto_wrap_policy`: every
 submodule holding at least `min_params` parameters not already in a smaller unit gets
@@ -16,27 +14,25 @@ its own unit, the root takes the rest. Sharding modes (`--fsdp-sharding`):
   fast intra-node links); with one node it is the same as full;
 - none: replicate everywhere (DDP-like), still with FSDP's checkpoints.
 
-Works with gloo on CPU (how the tests run it) and NCCL on GPUs. Checkpoints are
-`torch.distributed.checkpoint` folders: every rank writes its own shards in parallel,
-nobody gathers the whole optimizer state, and the folder loads into any world size. A
-consolidated model state_dict is still put in `last.pt` (rank 0) for users who want the
-plain weights. Set DISTTRAIN_FSDP_VERSION=1 to force FSDP1 (tests use it).
+Works with gloo on CPU (how the tests run it) and NCCL on GPUs. Checkpoints of a sharded
+model (`torch.distributed.checkpoint` folders, each rank writing its own shards) are
+written by `disttrain.train.checkpoint`. `envvars.FSDP_VERSION` set to 1 forces FSDP1
+(tests use it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from disttrain import envvars
 from disttrain.distributed.runtime import Runtime
+from disttrain.errors import StrategyError
 
 SHARDING = ("full", "hybrid", "none")
 DEFAULT_MIN_PARAMS = 100_000
@@ -44,7 +40,7 @@ DEFAULT_MIN_PARAMS = 100_000
 
 def _fully_shard() -> Any | None:
     """torch's fully_shard (public since 2.6, `_composable` in 2.4-2.5), or None."""
-    if os.environ.get("DISTTRAIN_FSDP_VERSION") == "1":
+    if envvars.fsdp1_forced():
         return None
     try:
         from torch.distributed.fsdp import fully_shard
@@ -116,10 +112,10 @@ def mesh_shape(world_size: int, local_world_size: int, sharding: str) -> tuple[i
         return (world_size, 1)
     if sharding == "hybrid":
         if local_world_size < 1 or world_size % local_world_size:
-            raise ValueError(f"fsdp_sharding hybrid needs the same number of processes on "
-                             f"every node (world size {world_size}, {local_world_size} local)")
+            raise StrategyError(f"fsdp_sharding hybrid needs the same number of processes on "
+                                f"every node (world size {world_size}, {local_world_size} local)")
         return (world_size // local_world_size, local_world_size)
-    raise ValueError(f"unknown fsdp_sharding {sharding!r}; choose one of {', '.join(SHARDING)}")
+    raise StrategyError(f"unknown fsdp_sharding {sharding!r}; choose one of {', '.join(SHARDING)}")
 
 
 def _mesh(rt: Runtime, sharding: str) -> Any:
@@ -217,58 +213,3 @@ def full_state_dict(model: nn.Module, rank0_only: bool = False) -> dict[str, tor
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     return get_model_state_dict(model, options=opts)
-
-
-# -- checkpoints (torch.distributed.checkpoint) ----------------------------------------
-def dcp_name(step: int) -> str:
-    return f"dcp-{step:08d}"
-
-
-def save_sharded(ckpt_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 rank0: bool, keep: int = 2) -> dict[str, Any]:
-    """Every rank writes its shards of model + optimizer to `ckpt_dir/dcp-<step>/`.
-
-    The folder is written under a temporary name and renamed by rank 0 once DCP's
-    metadata (written last, after every rank's data) exists, so a crash mid-save never
-    leaves a folder that looks complete. Returns what rank 0 puts in last.pt: the folder
-    name and the consolidated model weights.
-    """
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    name = dcp_name(step)
-    tmp = ckpt_dir / f".{name}.tmp"
-    if rank0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp))
-    full = full_state_dict(model, rank0_only=True)
-    if rank0:
-        final = ckpt_dir / name
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        _prune(ckpt_dir, keep)
-    return {"dcp": name, "model": full, "optimizer": {}}
-
-
-def _prune(ckpt_dir: Path, keep: int) -> None:
-    folders = sorted((p for p in ckpt_dir.glob("dcp-*") if p.is_dir()), reverse=True)
-    for old in folders[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load a `save_sharded` folder into the (already sharded) model and optimizer."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    if not (folder / ".metadata").is_file():
-        raise FileNotFoundError(f"{folder}: not a complete torch.distributed.checkpoint folder")
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optimizer": osd}
-    dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])

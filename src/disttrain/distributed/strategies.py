@@ -6,7 +6,9 @@
 
 A plain dict registry of small functions (Lightning Fabric's strategy axis without the
 connector): each takes the bare model on its device and returns the wrapped one.
-Comm hooks live in `distributed/comm_hooks.py`, FSDP and its checkpoints in `distributed/fsdp.py`.
+Comm hooks live in `distributed/comm_hooks.py`, FSDP in `distributed/fsdp.py`, activation
+checkpointing (a memory switch that works under every strategy) in
+`distributed/activation_ckpt.py`.
 """
 
 from __future__ import annotations
@@ -22,15 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from disttrain.distributed.runtime import Runtime
 from disttrain.errors import StrategyError
-
-# Printed whenever --strategy dp is asked for (seed 000 §4.2 and its appendix A checklist).
-DP_ADVICE = (
-    "note: DDP (--strategy ddp, the default) is the recommended choice over DataParallel: "
-    "DP runs every GPU from threads of one Python process, so the GIL serialises them, and "
-    "it scatters inputs, gathers outputs and reduces gradients on GPU 0, which carries more "
-    "memory and work than the others and re-broadcasts the model every step; DDP runs one "
-    "process per GPU and overlaps an all-reduce of gradients with the backward pass.")
-
+from disttrain.spec.rules import check_dp_world_size
 
 
 @dataclass
@@ -38,7 +32,7 @@ class WrapOptions:
     """Strategy knobs; defaults are the fast and safe ones (measured in benchmarks/)."""
 
     # Gradients live inside DDP's buckets: no copy after all-reduce and no re-allocation
-    # of gradient memory every step (the allocator churn perf-baseline.md measured).
+    # of gradient memory every step (allocator churn, docs/performance.md).
     gradient_as_bucket_view: bool = True
     # None = torch's 25 MB: one bucket, so one all-reduce per step, for models this size
     # (gloo's per-call cost is ~1-1.5 ms on the CPU test machine, docs/performance.md).
@@ -82,11 +76,7 @@ def resolve_strategy(requested: str, rt: Runtime) -> tuple[str, str | None]:
     if requested not in STRATEGIES:
         raise StrategyError(f"unknown strategy {requested!r}; choose one of {', '.join(STRATEGIES)}")
     if requested == "dp":
-        if rt.world_size > 1:
-            raise StrategyError(
-                f"train.strategy: dp (DataParallel) runs in one process over all its GPUs, but "
-                f"this job has {rt.world_size} processes; use --nproc-per-node 1 with dp, or "
-                f"--strategy ddp")
+        check_dp_world_size(rt.world_size)
         n = dp_gpu_count(rt)
         if n < 2:
             return "none", (f"strategy dp: {n} GPU(s) visible, DataParallel needs at least 2; "
@@ -124,7 +114,7 @@ def _wrap_ddp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
     if opts.bucket_cap_mb is not None:
         kwargs["bucket_cap_mb"] = opts.bucket_cap_mb
     if rt.device.type == "cuda":
-        # device_ids only on CUDA: on CPU DDP rejects them (seed 002's pitfall).
+        # device_ids only on CUDA: on CPU DDP rejects them (a common porting mistake).
         kwargs["device_ids"] = [rt.device.index]
         kwargs["output_device"] = rt.device.index
     return DDP(model, **kwargs)
@@ -154,7 +144,7 @@ def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None 
         >>> model = wrap(SimpleNet(), "ddp", rt)
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        raise StrategyError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     model = model.to(rt.device)
     return STRATEGIES[strategy](model, rt, opts or WrapOptions())
 
@@ -207,30 +197,3 @@ def model_state_dict(model: nn.Module) -> dict[str, Any]:
 
         return full_state_dict(model)
     return unwrap(model).state_dict()
-
-
-def params_sha256(model: nn.Module) -> str:
-    """SHA-256 of all parameters and buffers in state_dict order (same on synced ranks).
-
-    For FSDP the parameters are gathered first, so every rank must call it.
-    """
-    from disttrain.distributed.sync_check import digest
-
-    return digest(model_state_dict(model).items())
-
-
-def enable_grad_ckpt(model: nn.Module) -> str:
-    """Activation checkpointing (seed 000 §8.5): the model's own switch when it has one
-    (`gradient_checkpointing_enable`, as Hugging Face models), else each direct child
-    with parameters is recomputed in backward. Non-reentrant, so it works under DDP and
-    FSDP. Returns how it was enabled."""
-    if hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable()
-        return "gradient_checkpointing_enable()"
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing,
-    )
-
-    blocks = {id(c) for c in model.children() if any(True for _ in c.parameters())}
-    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in blocks)
-    return f"checkpoint_wrapper on {len(blocks)} block(s)"

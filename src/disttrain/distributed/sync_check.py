@@ -13,8 +13,8 @@ Why: DDP keeps the replicas identical only while every rank starts from the same
 all-reduces every gradient and takes the same optimizer steps. A step or a weight update
 made on rank 0 only, `no_sync()` left on at an optimizer step, a custom comm hook that
 drops a bucket, or buffers updated on one rank (`broadcast_buffers=False`) let them drift
-apart without an error, and the loss alone does not show it (seed 002: "check that the
-nodes stay in sync"; no anchor checks it on the user's own model, reference/anchors.md §4).
+apart without an error, and the loss alone does not show it; torch itself has no check
+of this on a user's own model.
 `disttrain verify` checks this on its own model, and the built-in Trainer checks it at
 the end of every run. This module runs the same check on any model, in any script.
 
@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from disttrain.distributed.strategies import is_fsdp, model_state_dict, unwrap
+from disttrain.errors import StrategyError
 
 What = Literal["params", "grads", "state"]
 _PARAM_CAUSES = ("an optimizer step or weight update made on some ranks only; a model built "
@@ -102,8 +103,8 @@ def named_tensors(model: nn.Module, what: What = "params") -> list[tuple[str, to
     """
     if what == "grads":
         if is_fsdp(model):
-            raise ValueError("FSDP shards gradients across ranks, so they differ by design; "
-                             "check parameters (what='params') instead")
+            raise StrategyError("FSDP shards gradients across ranks, so they differ by design; "
+                                "check parameters (what='params') instead")
         return [(n, p.grad) for n, p in unwrap(model).named_parameters() if p.requires_grad]
     if what not in ("params", "state"):
         raise ValueError(f"what must be 'params', 'grads' or 'state', not {what!r}")
@@ -126,7 +127,8 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def digest(items: Iterable[tuple[str, Any]]) -> str:
-    """SHA-256 over names and tensor bytes, in order (`strategies.params_sha256` of a model)."""
+    """SHA-256 over names and tensor bytes, in order (of `model_state_dict(model).items()`:
+    the `params_sha256` of a run's summary)."""
     h = hashlib.sha256()
     for name, t in items:
         h.update(name.encode())

@@ -1,4 +1,5 @@
-"""Built-in models: the guide's SimpleNet (seed 000 §6) and seed 002's Linear(1000, 10)."""
+"""The built-in workloads' models: SimpleNet (an MLP, 784-512-10 for MNIST) and seed002's
+Linear(1000, 10)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from torch.utils.checkpoint import checkpoint
 
 
 class SimpleNet(nn.Module):
-    """784-512-10 MLP of the guide's §6 script; input and hidden sizes configurable.
+    """The 784-512-10 MLP of the usual MNIST DDP script; input and hidden sizes configurable.
 
-    `blocks` lists the parts activation checkpointing may recompute (seed 000 §8.5).
+    With `gradient_checkpointing_enable()` the hidden block is recomputed in backward
+    instead of keeping its activations (`--grad-ckpt`).
     """
 
     def __init__(self, input_size: int = 784, hidden_size: int = 512, num_classes: int = 10):
@@ -40,15 +42,15 @@ class SimpleNet(nn.Module):
 
 
 class Seed002Net(nn.Sequential):
-    """The smoke model of seed 002: one Linear(1000, 10)."""
+    """The smoke workload's model: one Linear(1000, 10)."""
 
     def __init__(self, input_size: int = 1000, num_classes: int = 10):
         super().__init__(nn.Linear(input_size, num_classes))
 
 
-def build_model(example: str, input_size: int, hidden_size: int = 512,
+def build_model(workload: str, input_size: int, hidden_size: int = 512,
                 num_classes: int = 10) -> nn.Module:
-    """The model of a built-in example."""
-    if example == "seed002":
+    """The model of a built-in workload: seed002's Linear, SimpleNet for the others."""
+    if workload == "seed002":
         return Seed002Net(input_size, num_classes)
     return SimpleNet(input_size, hidden_size, num_classes)

@@ -21,23 +21,24 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disttrain import envvars
 from disttrain.errors import KubeError
 from disttrain.k8s import hami
-from disttrain.k8s.render import LABEL_JOB, RANK_OFFSET
+from disttrain.k8s.labels import ANNOTATION_RANK_OFFSET, ANNOTATION_RENDER_HASH, LABEL_JOB
+from disttrain.k8s.logtee import tee_tail
+from disttrain.spec.paths import check_readable_file, file_problem
 
 K3S_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
-HASH_ANNOTATION = "disttrain.io/render-hash"
 WORKLOADS = ("Pod", "Job", "PyTorchJob")
 _TYPED = {"Pod": ("core", "pod"), "Service": ("core", "service"),
           "ConfigMap": ("core", "config_map"),
           "PersistentVolumeClaim": ("core", "persistent_volume_claim"), "Job": ("batch", "job")}
 _CUSTOM = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs")}
-_LOG_TAIL = 2 * 1024 * 1024  # bytes of each pod's log kept for the doctor
 
 
 
@@ -95,13 +96,12 @@ class PodLog:
 def find_kubeconfig(explicit: str | None = None) -> str:
     """The kubeconfig to use: `explicit`, $KUBECONFIG, ~/.kube/config, then K3s's file."""
     if explicit:
-        if not Path(explicit).is_file():
-            raise KubeError(f"--kubeconfig {explicit}: no such file")
+        check_readable_file(explicit, "--kubeconfig ", kind="kubeconfig", error=KubeError)
         return explicit
-    env = os.environ.get("KUBECONFIG")
+    env = os.environ.get(envvars.KUBECONFIG)
     if env:
         paths = [p for p in env.split(os.pathsep) if p]
-        if any(Path(p).is_file() for p in paths):
+        if any(file_problem(p) is None for p in paths):
             return env
         raise KubeError(f"KUBECONFIG={env}: no such file")
     for candidate in (Path.home() / ".kube" / "config", Path(K3S_KUBECONFIG)):
@@ -126,43 +126,13 @@ def stamp(obj: dict[str, Any]) -> dict[str, Any]:
     """A copy of `obj` annotated with the hash of its rendered form."""
     digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:32]
     out = json.loads(json.dumps(obj))
-    out["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
+    out["metadata"].setdefault("annotations", {})[ANNOTATION_RENDER_HASH] = digest
     return out
 
 
 def ref_of(obj: dict[str, Any]) -> ObjectRef:
     meta = obj["metadata"]
     return ObjectRef(obj["kind"], meta.get("namespace", "default"), meta["name"])
-
-
-def tee_tail(lines: Iterable[str], prefix: str, tail: list[str], lock: threading.Lock,
-             out: Callable[[str], None], limit: int = _LOG_TAIL) -> None:
-    """Print each line as `prefix line` and keep the last `limit` bytes of them in `tail`.
-
-    Args:
-        lines: one pod's log lines, without newlines.
-        prefix: what marks this pod's lines, e.g. `[rank 0 job-0]`.
-        tail: filled in place, so it keeps what came before an error raised by `lines`.
-        lock: held while printing, so the lines of pods pumped at once do not interleave.
-        out: where the lines go (click.echo, print).
-        limit: bytes kept in `tail`, newlines included (what the doctor reads).
-
-    Example:
-        >>> tail: list[str] = []
-        >>> tee_tail(["a", "b"], "[p]", tail, threading.Lock(), print, limit=2)
-        [p] a
-        [p] b
-        >>> tail
-        ['b']
-    """
-    size = sum(len(line) + 1 for line in tail)
-    for line in lines:
-        with lock:
-            out(f"{prefix} {line}")
-        tail.append(line)
-        size += len(line) + 1
-        while size > limit and tail:
-            size -= len(tail.pop(0)) + 1
 
 
 class Cluster:
@@ -390,7 +360,7 @@ class Cluster:
 
 
 def _hash(obj: dict[str, Any]) -> str | None:
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_RENDER_HASH)
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, str]:
@@ -421,7 +391,7 @@ def _pod_status(pod: dict[str, Any]) -> PodStatus:
     if rank is None and rtype:
         # Workers come after the Master; render() marks that offset on the Worker template.
         index = int(labels.get("training.kubeflow.org/replica-index", "0"))
-        rank = str(index + int(notes.get(RANK_OFFSET, "0")))
+        rank = str(index + int(notes.get(ANNOTATION_RANK_OFFSET, "0")))
     restarts, exit_code = 0, None
     for cs in status.get("containerStatuses") or []:
         restarts += int(cs.get("restartCount") or 0)

@@ -5,9 +5,10 @@
     plan.files                # ConfigMap entries (key, path under the mount, content)
 
 The default ships the script (and `cluster.code.files`) in a ConfigMap, so nobody has to
-`sudo cp` files onto a node (seed 000 §3.3). The files are mounted one by one (subPath)
-into a writable emptyDir at the mount point, because scripts write next to themselves
-(the guide's train_ddp.py saves /workspace/model.pth) and a ConfigMap volume is read-only.
+`sudo cp` files onto a node (and keep every node's copy the same). The files are mounted
+one by one (subPath) into a writable emptyDir at the mount point, because scripts write
+next to themselves (a script in /workspace that saves model.pth writes
+/workspace/model.pth) and a ConfigMap volume is read-only.
 Built-in examples (`python -m disttrain.worker --spec ...`) get the resolved job spec as
 `job.yaml` from the same ConfigMap, whatever the code source.
 """
@@ -22,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from disttrain.errors import CodeError
 from disttrain.spec.job import JobSpec
+from disttrain.spec.paths import file_problem, shown
 
 CONFIGMAP_LIMIT = 1024 * 1024  # bytes; the API server rejects larger ConfigMaps
 SPEC_DIR = "/etc/disttrain"
@@ -82,16 +84,15 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None) -> Co
     if code.delivery == "configmap":
         root = base_dir
         if spec.script:
-            local = _local(base_dir, spec.script, "script")
-            if not local.is_file():
-                raise CodeError(f"script {spec.script}: no such file (looked in {base_dir}); "
-                                f"give an existing script, or --code '{{host_path: DIR}}' "
-                                f"if it lives on the nodes")
+            local = _local(base_dir, spec.script, "script ", kind="script", missing=(
+                f"no such file (looked in {base_dir}); give an existing script, or "
+                f"--code '{{host_path: DIR}}' if it lives on the nodes"))
             root = local.parent
             script_in_pod = posixpath.join(code.mount, local.name)
             files.append(_entry(local, local.name, code.mount))
         for name in code.files:
-            local = _local(base_dir, name, "cluster.code.files")
+            local = _local(base_dir, name, "cluster.code.files: ", dir_ok=True,
+                           missing=f"no such file (looked in {base_dir})")
             for path in _walk(local, name):
                 rel = _relative(path, root)
                 files.append(_entry(path, rel, code.mount))
@@ -120,11 +121,15 @@ def configmap_data(plan: CodePlan) -> tuple[dict[str, str], dict[str, str]]:
     return data, binary
 
 
-def _local(base_dir: Path, name: str, field: str) -> Path:
+def _local(base_dir: Path, name: str, label: str, missing: str, kind: str = "file",
+           dir_ok: bool = False) -> Path:
+    """`name` under `base_dir`, readable (`spec.paths.file_problem`); the error names it
+    as the user wrote it."""
     path = Path(name)
     path = path if path.is_absolute() else base_dir / path
-    if not path.exists():
-        raise CodeError(f"{field}: {name}: no such file (looked in {base_dir})")
+    problem = file_problem(path, kind=kind, dir_ok=dir_ok, missing=missing)
+    if problem is not None:
+        raise CodeError(f"{label}{shown(name)}: {problem}")
     return path
 
 
@@ -151,7 +156,10 @@ def _entry(path: Path, rel: str, mount: str) -> CodeFile:
     if not _KEY.match(key):
         raise CodeError(f"cluster.code.files: {rel}: a ConfigMap key may hold only letters, "
                         f"digits, '-', '_' and '.'; rename the file")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:  # a file inside a listed folder that this user cannot read
+        raise CodeError(f"cluster.code.files: {rel}: cannot read: {exc.strerror or exc}") from None
     if len(raw) > CONFIGMAP_LIMIT:
         raise CodeError(f"cluster.code: {rel} is {len(raw) / 2**20:.2f} MiB, over the 1 MiB "
                         f"ConfigMap limit; put it on a volume (--volumes) or in the image")

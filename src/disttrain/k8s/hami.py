@@ -4,7 +4,7 @@
     hami_annotations(spec.cluster)   # {'nvidia.com/use-gputype': 'A100', ...}
     nccl_env(spec.cluster)           # [('NCCL_DEBUG', 'INFO'), ...]
 
-Facts (shared/reference/k8s-hami.md §1, with sources): HAMi keys go in `limits` (requests,
+Facts (docs/cluster.md, "HAMi resources and their units"): HAMi keys go in `limits` (requests,
 when present, must be equal); `nvidia.com/gpumem` is an integer MiB per GPU;
 `nvidia.com/gpu: N` is N distinct physical GPUs, so one container must never run more
 processes than it has GPUs (NCCL "Duplicate GPU detected", NVIDIA/nccl#418); a pod with
@@ -17,8 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from disttrain import envvars
 from disttrain.errors import SpecError
 from disttrain.spec.cluster import ClusterSpec
+from disttrain.spec.fields import NCCL_PRESET_NAMES, VGPU_WORKAROUNDS
 
 HAMI_SCHEDULER = "hami-scheduler"
 GPU = "nvidia.com/gpu"
@@ -26,12 +28,13 @@ GPUMEM = "nvidia.com/gpumem"
 GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
 GPUCORES = "nvidia.com/gpucores"
 HAMI_KEYS = (GPU, GPUMEM, GPUMEM_PERCENTAGE, GPUCORES, "nvidia.com/priority")
-# Set by the HAMi scheduler when it binds a pod (k8s-hami.md §1.3): its absence on a
-# bound pod means another scheduler placed it.
+# Set by the HAMi scheduler when it binds a pod: their absence on a bound pod means
+# another scheduler placed it, and then HAMi enforces none of the pod's vGPU limits.
 HAMI_ALLOCATED = ("hami.io/vgpu-devices-allocated", "hami.io/vgpu-node", "hami.io/bind-phase",
                   "hami.io/vgpu-devices-to-allocate")
 
-# seed 000 §7.5 / §8.1 and seed 002 "环境准备"; NCCL_SOCKET_IFNAME comes from its own field.
+# The NCCL settings a multi-node GPU job usually needs one of (docs/cluster.md, "NCCL presets");
+# NCCL_SOCKET_IFNAME comes from its own field.
 NCCL_PRESETS: dict[str, dict[str, str]] = {
     "default": {},
     "debug": {"NCCL_DEBUG": "INFO"},
@@ -80,6 +83,11 @@ WORKAROUNDS: dict[str, Workaround] = {
     ),
 }
 
+# The tables above hold the data of the spec's choices (`nccl_preset`, `vgpu_workarounds`,
+# typed in disttrain.spec.fields): a name on one side only would be a KeyError at render.
+if set(NCCL_PRESETS) != set(NCCL_PRESET_NAMES) or set(WORKAROUNDS) != set(VGPU_WORKAROUNDS):
+    raise RuntimeError("k8s.hami tables and spec.fields choice lists differ")
+
 
 def hami_resources(cluster: ClusterSpec) -> dict[str, str]:
     """The HAMi extended resources of one container, as quantity strings (for `limits`).
@@ -124,7 +132,7 @@ def nccl_env(cluster: ClusterSpec) -> list[tuple[str, str]]:
     """NCCL preset, NCCL_SOCKET_IFNAME and the opted-in vGPU workarounds, in that order."""
     env = dict(NCCL_PRESETS[cluster.nccl_preset])
     if cluster.nccl_socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = cluster.nccl_socket_ifname
+        env[envvars.NCCL_SOCKET_IFNAME] = cluster.nccl_socket_ifname
     for name in cluster.vgpu_workarounds:
         env.update(dict(WORKAROUNDS[name].env))
     return list(env.items())

@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disttrain import envvars
 from disttrain.errors import LocalRunError
-from disttrain.k8s.client import tee_tail
+from disttrain.k8s.logtee import tee_tail
 from disttrain.k8s.render import render
 from disttrain.spec.job import JobSpec
+from disttrain.spec.paths import is_directory
 
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 POD_NET = ipaddress.ip_network("198.18.0.0/24")
@@ -272,7 +274,7 @@ class _Files:
                 mapping[path] = str(local)
             elif "hostPath" in vol:
                 host = vol["hostPath"]["path"]
-                if not Path(host).is_dir():
+                if not is_directory(host):  # no OSError on a too-long name
                     raise LocalRunError(f"volume {m['name']}: hostPath {host} does not exist "
                                         f"on this machine (run-local's only node)")
                 mapping[path] = host
@@ -327,7 +329,7 @@ def _process_env(pod: LocalPod, mapping: dict[str, str]) -> dict[str, str]:
 
     env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
     src = str(Path(disttrain.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+    env[envvars.PYTHONPATH] = os.pathsep.join(p for p in (src, os.environ.get(envvars.PYTHONPATH)) if p)
     env |= {k: map_path(v, mapping) for k, v in pod.env.items()}
     env["HOSTNAME"] = pod.hostname
     return env

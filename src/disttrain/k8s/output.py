@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-ANNOTATION_IMAGE = "disttrain.io/image-needs"
+from disttrain.k8s.labels import ANNOTATION_IMAGE
 
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:

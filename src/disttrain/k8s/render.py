@@ -4,12 +4,13 @@
     print(to_yaml(rendered.objects))        # what `disttrain k8s render` prints (output.py)
     for w in rendered.warnings: ...
 
-Kinds (seed 000 §3.1): `pod` is the guide's §3.2 single Pod running torchrun on all its
-GPUs; `job` is an Indexed Job + headless Service, every pod running torchrun with c10d
-rendezvous at pod 0's stable DNS name `<job>-0.<svc>`; `pytorchjob` is Kubeflow's
-PyTorchJob (v1), where the operator injects the PET_* variables torchrun reads. The
-container command is `launch_argv.torchrun_argv`, the same argv `disttrain run` uses, so
-what runs in the pod is what ran locally and in `disttrain k8s run-local`.
+Kinds (docs/cluster.md, "The three kinds"): `pod` is one Pod running torchrun on all its
+GPUs, as a hand-written training Pod does; `job` is an Indexed Job + headless Service,
+every pod running torchrun with c10d rendezvous at pod 0's stable DNS name
+`<job>-0.<svc>`; `pytorchjob` is Kubeflow's PyTorchJob (v1), where the operator injects
+the PET_* variables torchrun reads. The container command is `launch.argv.torchrun_argv`,
+the same argv `disttrain run` uses, so what runs in the pod is what ran locally and in
+`disttrain k8s run-local`.
 """
 
 from __future__ import annotations
@@ -25,29 +26,35 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from disttrain import envvars
 from disttrain.errors import SpecError
 from disttrain.k8s import hami
 from disttrain.k8s.code import SPEC_PATH, CodePlan, configmap_data, plan_code
-from disttrain.k8s.output import ANNOTATION_IMAGE, to_json, to_yaml
+from disttrain.k8s.labels import (
+    ANNOTATION_CODE,
+    ANNOTATION_IMAGE,
+    ANNOTATION_RANK_OFFSET,
+    LABEL_JOB,
+    LABEL_KIND,
+    LABEL_MANAGED_BY,
+    LABEL_NEEDS_DISTTRAIN,
+    LABEL_WORKLOAD,
+    RESERVED_PREFIXES,
+)
+from disttrain.k8s.output import to_json, to_yaml
 from disttrain.k8s.security import baseline_violations, container_security, pod_security
 from disttrain.launch.argv import resolve_nproc, torchrun_argv, worker_command
+from disttrain.spec.fields import parse_quantity
 from disttrain.spec.job import JobSpec
 
 __all__ = ["Rendered", "pod_name_hosts", "quantity", "render", "spec_to_objects", "to_json",
            "to_yaml"]
 
-LABEL_JOB = "disttrain.io/job"
-LABEL_KIND = "disttrain.io/kind"
-ANNOTATION_CODE = "disttrain.io/code-sha256"
-RANK_OFFSET = "disttrain.io/rank-offset"  # node rank of replica-index 0 (Worker after Master)
 LOCAL_IMAGE = "disttrain.local/run-local"  # placeholder image of `run-local` renders
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-           "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-           "Pi": 2**50, "Ei": 2**60}
 
 
 @dataclass(frozen=True)
@@ -93,16 +100,14 @@ def pod_name_hosts(spec: JobSpec) -> list[str]:
 
 
 def quantity(text: str) -> Decimal:
-    """A Kubernetes quantity's value (the grammar cluster_spec accepts).
+    """A Kubernetes quantity's value (the grammar of `disttrain.spec.fields`).
 
     Example: quantity("8Gi") == 8 * 2**30; quantity("500m") == Decimal("0.5")
     """
-    m = re.fullmatch(r"\+?(\d+(?:\.\d+)?)(?:[eE]([-+]?\d+)|([a-zA-Z]*))", str(text))
-    if not m or (m.group(3) or "") not in _SUFFIX:
-        raise SpecError(f"{text!r} is not a Kubernetes quantity (e.g. 2, 500m, 8Gi)")
-    if m.group(2) is not None:
-        return Decimal(m.group(1)) * Decimal(10) ** int(m.group(2))
-    return Decimal(m.group(1)) * _SUFFIX[m.group(3) or ""]
+    try:
+        return parse_quantity(text)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
 
 
 class _Renderer:
@@ -155,7 +160,7 @@ class _Renderer:
         for key, value in c.labels.items():
             if not _LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
                 raise SpecError(f"cluster.labels: {key!r} is not a valid label key")
-            if key.startswith("disttrain.io/") or key.startswith("app.kubernetes.io/"):
+            if key.startswith(RESERVED_PREFIXES):
                 raise SpecError(f"cluster.labels: {key} is set by disttrain, which finds the "
                                 f"job by it; use another key")
             if not _LABEL_VALUE.match(value) or len(value) > 63:
@@ -198,9 +203,9 @@ class _Renderer:
 
     def _labels(self) -> dict[str, str]:
         return {"app.kubernetes.io/name": "disttrain", "app.kubernetes.io/instance": self.name,
-                "app.kubernetes.io/managed-by": "disttrain", LABEL_JOB: self.name,
-                LABEL_KIND: self.c.kind, "disttrain.io/workload": self.spec.workload,
-                "disttrain.io/needs-disttrain": str(self._needs_disttrain()).lower(),
+                LABEL_MANAGED_BY: "disttrain", LABEL_JOB: self.name,
+                LABEL_KIND: self.c.kind, LABEL_WORKLOAD: self.spec.workload,
+                LABEL_NEEDS_DISTTRAIN: str(self._needs_disttrain()).lower(),
                 **self.c.labels}
 
     def _pod_meta(self) -> dict[str, Any]:
@@ -242,7 +247,7 @@ class _Renderer:
         return obj
 
     def _pod(self) -> dict[str, Any]:
-        env = [("MASTER_ADDR", "localhost"), ("MASTER_PORT", str(self.port))]
+        env = [(envvars.MASTER_ADDR, "localhost"), (envvars.MASTER_PORT, str(self.port))]
         argv = torchrun_argv(self._pod_spec_view(), nproc=self.nproc, spec_path=self._spec_path())
         meta = self._meta(self.name)
         meta["annotations"] = self._pod_meta()["annotations"]
@@ -263,7 +268,7 @@ class _Renderer:
                              node_rank="$(JOB_COMPLETION_INDEX)",
                              rdzv_endpoint=f"{rank0}:{self.port}", spec_path=self._spec_path())
         env: list[tuple[str, Any]] = [
-            ("MASTER_ADDR", rank0), ("MASTER_PORT", str(self.port)),
+            (envvars.MASTER_ADDR, rank0), (envvars.MASTER_PORT, str(self.port)),
             ("JOB_COMPLETION_INDEX", {"fieldRef": {"fieldPath": "metadata.annotations"
                                       "['batch.kubernetes.io/job-completion-index']"}})]
         podspec = self._podspec(self._container("trainer", argv, env), subdomain=self.name)
@@ -289,7 +294,7 @@ class _Renderer:
         def replica(count: int, rank_offset: int = 0) -> dict[str, Any]:
             meta = self._pod_meta()
             if rank_offset:
-                meta["annotations"][RANK_OFFSET] = str(rank_offset)
+                meta["annotations"][ANNOTATION_RANK_OFFSET] = str(rank_offset)
             policy = "OnFailure" if self.spec.launch.max_restarts and not c.elastic_nodes \
                 else "Never"
             return {"replicas": count, "restartPolicy": policy,
@@ -353,7 +358,7 @@ class _Renderer:
         pairs: list[tuple[str, Any]] = list(self.c.env.items())
         pairs += rendered + hami.nccl_env(self.c)
         if unbuffered:
-            pairs.append(("PYTHONUNBUFFERED", "1"))  # so `logs -f` shows progress live
+            pairs.append((envvars.PYTHONUNBUFFERED, "1"))  # so `logs -f` shows progress live
         out, seen = [], set()
         for key, value in pairs:
             if key in seen:

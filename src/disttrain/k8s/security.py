@@ -3,8 +3,8 @@
     container_security(spec.cluster)   # allowPrivilegeEscalation false, drop ALL
     baseline_violations(objects)       # ['Pod/x: spec.volumes[0].hostPath (volume "code") ...']
 
-The rules are those of k8s.io/pod-security-admission/policy (shared/reference/k8s-hami.md
-§7). disttrain never renders privileged, hostNetwork, hostPID or hostIPC; HAMi v2.10 even
+The rules are those of k8s.io/pod-security-admission/policy (docs/cluster.md, "Security
+defaults"). disttrain never renders privileged, hostNetwork, hostPID or hostIPC; HAMi v2.10 even
 denies privileged containers that ask for vGPU resources. What a user can still opt into
 (hostPath code or volumes, extra capabilities) is reported with the field that breaks
 baseline, so a namespace that enforces it does not reject the job by surprise.

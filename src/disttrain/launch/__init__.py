@@ -1,3 +1,6 @@
-"""START the ranks on this machine: the pure torchrun argv, the launch plan (port, worker
-env, LaunchConfig), the launchers (torchrun | spawn | env), the warm fork server and the
-socket probes. Launcher-side only: nothing here runs inside a rank (docs/architecture.md)."""
+"""START the ranks on this machine: the pure torchrun argv (`argv`), the launch plan (`plan`:
+port, worker env, the one LaunchConfig builder), the launchers (`launchers`: torchrun |
+spawn | env behind one protocol) and their one result type (`result`), the warm fork
+server (`forkserver`), and two stdlib leaves: `devices` (GPUs visible here) and `ports`
+(every socket probe), which rank-side code asks too. The rest is launcher-side only:
+nothing else here runs inside a rank (docs/architecture.md)."""

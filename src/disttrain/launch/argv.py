@@ -1,30 +1,19 @@
 """The torchrun command line for a JobSpec, as a pure function.
 
-    torchrun_argv(spec)            # ['torchrun', '--nnodes=1', '--nproc-per-node=2', ...]
+    torchrun_argv(spec)    # ['torchrun', '--nproc_per_node=2', '-m', 'disttrain.worker',
+                           #  '--spec', 'job.yaml']
 
-Both the local launcher (`disttrain.launch.launchers`) and the Kubernetes renderer
-(`disttrain.k8s.render`) use this, so what runs in a pod is what ran locally.
-Kept apart from `launch.py` so the renderer does not import torch.
+Options are only given where they differ from torchrun's defaults (no `--nnodes` for one
+node, no `--master_port` for 29500). Both the local launcher's `--dry-run`
+(`disttrain run`) and the Kubernetes renderer (`disttrain.k8s.render`) use this, so what
+runs in a pod is what `disttrain run` shows. Kept apart from the launchers so the renderer
+does not import torch.
 """
 
 from __future__ import annotations
 
-import os
-
+from disttrain.launch.devices import local_gpu_count
 from disttrain.spec.job import JobSpec
-
-
-def local_gpu_count() -> int:
-    """GPUs this process could use, without initialising CUDA (so fork stays safe)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return 0
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
 
 
 def resolve_nproc(spec: JobSpec, gpus: int | None = None) -> int:
@@ -33,6 +22,11 @@ def resolve_nproc(spec: JobSpec, gpus: int | None = None) -> int:
     The built-in job's strategy `dp` is the exception: nn.DataParallel is one process
     driving all visible GPUs, so `auto` means 1; with 2 processes both fail. A user
     script ignores `train`, so its `auto` stays as above.
+
+    Args:
+        spec: the job.
+        gpus: the GPUs per node to plan for (a pod's `cluster.gpus`); default: this
+            machine's (`devices.local_gpu_count`), the one impure step here.
     """
     n = spec.launch.nproc_per_node
     if n != "auto":

@@ -1,18 +1,20 @@
 """Modules the built-in job's workers need, imported once in a warm fork server.
 
 `disttrain run` starts multiprocessing's fork server at the very beginning, with this
-module as its preload, so the server imports torch and torch._dynamo (DDP and every
-optimizer import it on first use: ~1.1 s here) on one core while the launcher imports
-torch on the other. torchrun's agent then starts the workers with start_method
-"forkserver": each worker is a fork of the warm server and starts training at once.
-The server never touches CUDA, so its forks may use GPUs.
+module as its preload (`disttrain.launch.forkserver.prewarm_workers`), so the server
+imports torch and torch._dynamo (DDP and every optimizer import it on first use: ~1.1 s
+here) on one core while the launcher imports torch on the other. torchrun's agent then
+starts the workers with start_method "forkserver": each worker is a fork of the warm
+server and starts training at once. The server never touches CUDA, so its forks may use
+GPUs.
 
 When the launcher names the job's dataset (`envvars.WARM_DATASET`, JSON keyword
-arguments of `disttrain.train.data.warm_dataset`), the server also loads it, in a thread, while it imports
-torch._dynamo: the launcher is done with its own import by then and leaves a core idle.
-The forks share that one copy read-only (60,000 x 784 synthetic samples: 0.45 s and
-190 MB less per worker). The data is made with one intra-op thread, so the server has
-no OpenMP team when it forks, and the thread is joined before the server forks anyone.
+arguments of `disttrain.examples.datasets.warm_dataset`), the server also loads it, in a thread,
+while it imports torch._dynamo: the launcher is done with its own import by then and
+leaves a core idle. The forks share that one copy read-only (60,000 x 784 synthetic
+samples: 0.45 s and 190 MB less per worker). The data is made with one intra-op thread,
+so the server has no OpenMP team when it forks, and the thread is joined before the
+server forks anyone.
 """
 
 import json
@@ -22,17 +24,17 @@ import threading
 
 import torch
 
-from disttrain.launch.launchers import WARM_DATASET_ENV
+from disttrain import envvars
 
 # A local read or generation; past this the server stops waiting and forks without it.
 WARM_DATASET_TIMEOUT_S = 120.0
 
 
 def _start_warm_dataset() -> threading.Thread | None:
-    text = os.environ.pop(WARM_DATASET_ENV, None)
+    text = os.environ.pop(envvars.WARM_DATASET, None)
     if not text:
         return None
-    from disttrain.train.data import warm_dataset
+    from disttrain.examples.datasets import warm_dataset
 
     torch.set_num_threads(1)  # each worker sets its own count in runtime.setup
     thread = threading.Thread(target=warm_dataset, kwargs=json.loads(text),

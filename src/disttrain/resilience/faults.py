@@ -1,8 +1,9 @@
 """Fault injection for the resilience tests: make one rank fail at an exact step.
 
-    DISTTRAIN_FAULT=kill:rank=1:step=17 disttrain run --max-restarts 1 ...
+    disttrain run --max-restarts 1 ...    # with envvars.FAULT set to kill:rank=1:step=17
 
-TESTING ONLY. `DISTTRAIN_FAULT=ACTION:rank=R:step=S[:phase=P][:restart=N]` makes rank R
+TESTING ONLY. The variable `envvars.FAULT` (docs/resilience.md) set to
+`ACTION:rank=R:step=S[:phase=P][:restart=N]` makes rank R
 kill (SIGKILL), stop (SIGSTOP), hang (sleep forever, alive), exit (exit code 3) or raise
 when its heartbeat (`disttrain.resilience.heartbeat`) reaches optimizer step S, in phase P if given
 (forward, backward, optimizer, between steps, checkpoint, eval, finish), during restart
@@ -19,7 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-ENV_FAULT = "DISTTRAIN_FAULT"
+from disttrain import envvars
+
 FAULT_ACTIONS = ("kill", "stop", "hang", "exit", "raise")
 
 
@@ -40,7 +42,7 @@ class Fault:
         Raises:
             ValueError: the text is malformed; the message shows the expected form.
         """
-        usage = (f"{ENV_FAULT}={text!r}: expected ACTION:rank=R:step=S[:phase=P][:restart=N] "
+        usage = (f"{envvars.FAULT}={text!r}: expected ACTION:rank=R:step=S[:phase=P][:restart=N] "
                  f"with ACTION one of {', '.join(FAULT_ACTIONS)}")
         action, *parts = text.strip().split(":")
         values: dict[str, str] = {}
@@ -59,7 +61,7 @@ class Fault:
 
     @classmethod
     def from_env(cls) -> Fault | None:
-        text = os.environ.get(ENV_FAULT, "")
+        text = os.environ.get(envvars.FAULT, "")
         return cls.parse(text) if text else None
 
     def fire(self, where: str, flush: Callable[[], None] | None = None) -> None:

@@ -1,7 +1,7 @@
 """The rank side of stall detection: where this rank is, published to the job's store.
 
     # in a training loop (the built-in Trainer already does this)
-    heartbeat.start(rt, model, optimizer)     # once, after runtime.setup()
+    heartbeat.start(rt.rank, rt.timeout_s, rt.store_address, model, optimizer)  # once
     for batch in loader:
         heartbeat.beat(step)                  # a few attribute writes: no I/O, no collective
 
@@ -12,7 +12,10 @@ loop never touches the network. `disttrain.resilience.watchdog` reads these reco
 rank that stopped making progress.
 
 The heartbeat is also where the test-only fault hook fires (`disttrain.resilience.faults`,
-`DISTTRAIN_FAULT=kill:rank=1:step=17`), so injected failures land at exact steps.
+`envvars.FAULT`, docs/resilience.md), so injected failures land at exact steps; that
+module is imported only when the variable is set. `start` takes plain values (rank,
+timeout, store address), not a Runtime, so this module needs nothing from the process
+group's side and the process group's side needs nothing from it.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from disttrain.resilience.faults import Fault
+from disttrain import envvars
+from disttrain.launch.ports import listening
 
 if TYPE_CHECKING:
     import torch
 
-    from disttrain.distributed.runtime import Runtime
+    from disttrain.resilience.faults import Fault
 
 KEY_PREFIX = "disttrain/hb/"
 # Order of phases within one optimizer step: the rank furthest behind is the one the
@@ -43,15 +47,6 @@ PHASE_ORDER = {"setup": 0, "resume": 1, "eval": 2, "checkpoint": 3, "forward": 4
 def interval_for(timeout_s: float) -> float:
     """How often heartbeats are published and read: 1/20 of the timeout, 0.1 s to 2 s."""
     return min(2.0, max(0.1, timeout_s / 20))
-
-
-def collective_timeout_s(timeout_s: float) -> float:
-    """The process group's timeout: `timeout_s` plus a grace (10 %, 2 s to 30 s).
-
-    The grace lets the watchdog name the stuck rank before a rank waiting for it times
-    out in the collective; without a watchdog (plain torchrun) the job still ends then.
-    """
-    return timeout_s + min(30.0, max(2.0, 0.1 * timeout_s))
 
 
 # -- the heartbeat ---------------------------------------------------------
@@ -160,12 +155,16 @@ class Heartbeat:
 _current: Heartbeat | None = None
 
 
-def start(rt: Runtime, model: torch.nn.Module | None = None,
+def start(rank: int, timeout_s: float, store_address: tuple[str, int] | None = None,
+          model: torch.nn.Module | None = None,
           optimizer: torch.optim.Optimizer | None = None) -> Heartbeat:
-    """Begin this rank's heartbeat (replacing an earlier one); publish when distributed.
+    """Begin this rank's heartbeat (replacing an earlier one); publish when there is a store.
 
     Args:
-        rt: the runtime from `runtime.setup()`; its MASTER_ADDR/PORT store is the job's.
+        rank: this process's rank (`rt.rank`).
+        timeout_s: the stall timeout (`rt.timeout_s`); sets the publishing interval.
+        store_address: (host, port) of the job's c10d store (`rt.store_address`); None
+            (a single process) keeps the record in memory only.
         model: a gradient hook on it marks the backward phase.
         optimizer: hooks on it mark the optimizer phase.
 
@@ -174,16 +173,26 @@ def start(rt: Runtime, model: torch.nn.Module | None = None,
     """
     global _current
     stop()
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    hb = Heartbeat(rt.rank, restart, Fault.from_env())
+    restart = envvars.restart_count()
+    hb = Heartbeat(rank, restart, _fault_from_env())
     if model is not None:
         hb.attach(model, optimizer)
-    if rt.distributed and rt.world_size > 1 and rt.env.launched:
-        store = store_client(rt.env.master_addr, rt.env.master_port, rt.timeout_s)
+    if store_address is not None:
+        store = store_client(*store_address, timeout_s)
         if store is not None:
-            hb.publish(store, interval_for(rt.timeout_s))
+            hb.publish(store, interval_for(timeout_s))
     _current = hb
     return hb
+
+
+def _fault_from_env() -> Fault | None:
+    """The test-only fault to inject, imported only when `envvars.FAULT` is set: a
+    training run without it never loads the fault-injection module."""
+    if not envvars.flag(envvars.FAULT):
+        return None
+    from disttrain.resilience.faults import Fault
+
+    return Fault.from_env()
 
 
 def beat(step: int, phase: str = "forward") -> None:
@@ -207,10 +216,7 @@ def store_client(host: str, port: int, timeout_s: float) -> Any:
     A plain socket probe comes first: a TCPStore client that cannot connect retries
     and prints C++ stack traces, which must not land in the user's log.
     """
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            pass
-    except OSError:
+    if not listening(host, port):
         return None
     import torch.distributed as dist
 

@@ -10,18 +10,18 @@
 
 Why: a rank that is SIGSTOPped, deadlocked, or stuck in a collective makes every other
 rank wait for it, and torch's only guard is the collective timeout (30 minutes unless
-set), whose error comes from a rank that was *waiting*, not from the stuck one (anchors
-§3 #6, #11). So every rank keeps in memory where it is (optimizer step and phase:
-forward, backward, optimizer, checkpoint, eval) and publishes it to the job's c10d
-store (`disttrain.resilience.heartbeat`: a daemon thread, the hot loop never touches the network).
-The launcher's `Watchdog` thread reads those records and, when a rank has made no
-progress for `timeout_s`, reports
+set), whose error comes from a rank that was *waiting*, not from the stuck one (the NCCL
+watchdog timeout users report, e.g. pytorch/pytorch#118369). So every rank keeps in
+memory where it is (optimizer step and phase: forward, backward, optimizer, checkpoint,
+eval) and publishes it to the job's c10d store (`disttrain.resilience.heartbeat`: a
+daemon thread, the hot loop never touches the network). The launcher's `Watchdog` thread
+reads those records and, when a rank has made no progress for `timeout_s`, reports
 `rank 1 (pid …, host …) made no progress for 30 s; last seen: step 17, phase backward`
 and SIGKILLs it; torchrun's agent then fails the job (or restarts it, --max-restarts).
 Where no disttrain launcher runs (plain `torchrun -m disttrain.worker` in a pod), rank 0
 runs the same `Watchdog` in a thread (`in_job_watchdog`) and, after the report, ends its
 own process with `STALL_EXIT_CODE`, so torchrun's agent tears the job down at once.
-`disttrain run` sets `DISTTRAIN_WATCHDOG=launcher` for its workers to keep that off.
+`disttrain run` sets `envvars.WATCHDOG` (to `launcher`) for its workers to keep that off.
 
 Which rank is to blame when all have stopped (the stuck one and those waiting on it): a
 rank whose publisher thread stopped too is frozen (SIGSTOP, a GIL-holding hang) and is
@@ -46,12 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from disttrain import envvars
 from disttrain.errors import RankStalled
+from disttrain.launch.ports import listening
 from disttrain.resilience.heartbeat import KEY_PREFIX, PHASE_ORDER, interval_for, store_client
 
-# Set (to any value) when something else watches the job, so rank 0 does not:
-# `launcher` by `disttrain run`, `off` by a user who wants no in-job watchdog.
-ENV_WATCHDOG = "DISTTRAIN_WATCHDOG"
 # What rank 0 exits with after reporting a stall: what `disttrain run` returns for one.
 STALL_EXIT_CODE = 1
 
@@ -255,7 +254,7 @@ class Watchdog:
         store, found = None, set()
         assert self.interval is not None
         while not self._stop.wait(self.interval):
-            if not _listening(self.host, self.port):
+            if not listening(self.host, self.port):
                 store = None  # no store (yet, or any more): nothing to read
                 continue
             if store is None:
@@ -324,7 +323,7 @@ def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float,
 def _record_for_torchrun(exc: RankStalled) -> None:
     """Write the stall to torchrun's error file, so that its failure summary, which can
     only list rank 0 (the process that exits), carries the line naming the stalled rank."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+    if not os.environ.get(envvars.ERROR_FILE):
         return
     with contextlib.suppress(Exception):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
@@ -344,11 +343,3 @@ def exit_now(code: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
-
-
-def _listening(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False

@@ -1,3 +1,5 @@
-"""WHAT a job is: the JobSpec (pydantic + YAML), its cluster section, and every rule that
-can be checked from the spec alone. Nothing here imports torch, so `--help`, bad-flag
-errors and `disttrain k8s render` answer without it (docs/architecture.md)."""
+"""WHAT a job is: the JobSpec (pydantic + YAML, `job.py`), its cluster section
+(`cluster.py`), the shared field types and choice lists (`fields.py`), the checks of
+user-given paths (`paths.py`) and the rules that need the machine (`rules.py`). Nothing
+here imports torch, so `--help`, bad-flag errors and `disttrain k8s render` answer
+without it (docs/architecture.md)."""

@@ -6,11 +6,11 @@
       gpus: 2
       gpumem: 12000             # MiB per GPU ('12k' is read as 12000)
 
-A leaf module (pydantic only) so `spec.py` stays import-light. The renderer in
+A leaf module (pydantic only) so `spec/job.py` stays import-light. The renderer in
 `disttrain.k8s.render` turns a JobSpec with this section into Kubernetes objects; the
-HAMi rules checked here (units, ranges) are the ones in shared/reference/k8s-hami.md §1,
-checked at load time so a bad value is reported with its field name before anything is
-rendered or applied.
+HAMi rules checked here (units, ranges; docs/cluster.md, "HAMi resources and their
+units") are checked at load time, so a bad value is reported with its field name before
+anything is rendered or applied.
 """
 
 from __future__ import annotations
@@ -18,16 +18,24 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from disttrain.spec.fields import (
+    VGPU_WORKAROUNDS,
+    NcclPreset,
+    StrictModel,
+    VgpuWorkaround,
+    check_quantity,
+    is_dns1123_label,
+    is_dns1123_subdomain,
+)
+
+__all__ = ["GPU_POLICIES", "VGPU_WORKAROUNDS", "ClusterSpec", "CodeSource", "RequestLimit",
+           "VolumeSpec", "parse_gpumem"]
 # A GPU with 1 TiB of memory does not exist: anything above is a unit mistake.
 GPUMEM_MAX_MIB = 1024 * 1024
 GPU_POLICIES = ("binpack", "spread", "topology-aware", "mutex", "numa")
-VGPU_WORKAROUNDS = ("no-p2p", "no-shm", "no-cumem-host", "no-vgpu-control")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
-_QUANTITY = re.compile(r"^\+?\d+(\.\d+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][-+]?\d+)?$")
+_GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*\s*([<>=!~]=?[^\s;'\"`$\\]*)?$")
 
 
@@ -71,23 +79,13 @@ def _comma_list(value: Any) -> Any:
     return value
 
 
-def _check_quantity(value: str | None, what: str) -> str | None:
-    if value is not None and not _QUANTITY.match(str(value)):
-        raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 2, 500m, 8Gi)")
-    return None if value is None else str(value)
-
-
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
         raise ValueError("must be an absolute path inside the container, e.g. /workspace")
     return path.rstrip("/") or "/"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class RequestLimit(_Strict):
+class RequestLimit(StrictModel):
     """A Kubernetes resource quantity as request and limit (e.g. cpu 2 / 8)."""
 
     request: str | None = None
@@ -96,14 +94,15 @@ class RequestLimit(_Strict):
     @field_validator("request", "limit", mode="before")
     @classmethod
     def _quantity(cls, v: Any) -> str | None:
-        return _check_quantity(None if v is None else str(v), "quantity")
+        return check_quantity(None if v is None else str(v), "quantity")
 
 
-class CodeSource(_Strict):
+class CodeSource(StrictModel):
     """Where the pod finds the training script: ConfigMap (default), hostPath or a PVC.
 
-    The ConfigMap way needs nothing on the nodes (no `sudo cp` as in seed 000 §3.3);
-    hostPath is the guide's way and pins the job to nodes holding the files.
+    The ConfigMap way needs nothing on the nodes (no `sudo cp` of the script onto each);
+    hostPath, the way a hand-written Pod usually does it, pins the job to nodes holding
+    the files.
     """
 
     configmap: bool | None = Field(None, description="ship script + files in a ConfigMap")
@@ -142,7 +141,7 @@ class CodeSource(_Strict):
         return "configmap"
 
 
-class VolumeSpec(_Strict):
+class VolumeSpec(StrictModel):
     """An extra volume: an existing PVC (or one created with the job), or a hostPath."""
 
     name: str
@@ -164,7 +163,7 @@ class VolumeSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if len(v) > 63 or not _DNS1123_LABEL.match(v):
+        if not is_dns1123_label(v):
             raise ValueError(f"volume name {v!r} must be a DNS-1123 label (e.g. 'data')")
         if v in ("code", "workspace", "jobspec", "dshm"):
             raise ValueError(f"volume name {v!r} is used by disttrain itself; pick another")
@@ -173,13 +172,13 @@ class VolumeSpec(_Strict):
     @field_validator("size", mode="before")
     @classmethod
     def _size(cls, v: Any) -> str | None:
-        return _check_quantity(None if v is None else str(v), "size")
+        return check_quantity(None if v is None else str(v), "size")
 
     @model_validator(mode="after")
     def _source(self) -> VolumeSpec:
         if bool(self.pvc) == bool(self.host_path):
             raise ValueError(f"volume {self.name!r}: give exactly one of pvc or host_path")
-        if self.pvc and not _DNS1123_SUBDOMAIN.match(self.pvc):
+        if self.pvc and not is_dns1123_subdomain(self.pvc):
             raise ValueError(f"volume {self.name!r}: pvc {self.pvc!r} is not a valid name")
         if self.create and not (self.pvc and self.size):
             raise ValueError(f"volume {self.name!r}: create: true needs pvc and size "
@@ -187,7 +186,7 @@ class VolumeSpec(_Strict):
         return self
 
 
-class ClusterSpec(_Strict):
+class ClusterSpec(StrictModel):
     """Kubernetes placement and resources; see docs/cluster.md."""
 
     kind: Literal["pod", "job", "pytorchjob"] = Field(
@@ -236,11 +235,11 @@ class ClusterSpec(_Strict):
     code: CodeSource = Field(default_factory=CodeSource, description="where the script comes from")
     volumes: list[VolumeSpec] = Field(default_factory=list, description="extra volumes")
     env: dict[str, str] = Field(default_factory=dict, description="extra container env")
-    nccl_preset: Literal["default", "debug", "no-ib", "no-p2p", "ib"] = Field(
+    nccl_preset: NcclPreset = Field(
         "default", description="NCCL environment preset"
     )
     nccl_socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME, e.g. eth0")
-    vgpu_workarounds: list[Literal["no-p2p", "no-shm", "no-cumem-host", "no-vgpu-control"]] = Field(
+    vgpu_workarounds: list[VgpuWorkaround] = Field(
         default_factory=list,
         description="opt-in NCCL-under-HAMi workarounds: no-p2p,no-shm,no-cumem-host,"
                     "no-vgpu-control (docs/cluster.md)",
@@ -268,7 +267,7 @@ class ClusterSpec(_Strict):
     @classmethod
     def _uuids(cls, v: list[str]) -> list[str]:
         for uuid in v:
-            if not _GPU_UUID.match(uuid):
+            if not _GPU_UUID.fullmatch(uuid):
                 raise ValueError(f"{uuid!r} is not a GPU UUID like GPU-03f69c50-207a-2038-"
                                  f"9b45-23cac89cb67d (see nvidia-smi -L)")
         return v
@@ -299,12 +298,12 @@ class ClusterSpec(_Strict):
     def _shm(cls, v: Any) -> str | None:
         if v in (None, "", 0, "0"):
             return None
-        return _check_quantity(str(v), "shm")
+        return check_quantity(str(v), "shm")
 
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, v: str) -> str:
-        if len(v) > 63 or not _DNS1123_LABEL.match(v):
+        if not is_dns1123_label(v):
             raise ValueError("must be a DNS-1123 label (lower case, digits, '-')")
         return v
 

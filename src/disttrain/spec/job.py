@@ -5,11 +5,13 @@
 
 A `JobSpec` is loaded from YAML and every field can be overridden by a CLI flag of the
 same name (`--epochs 3`, `--nproc-per-node 2`): field names are unique across sections
-so flags need no section prefix. This module is a leaf (no disttrain imports besides the
-cluster section) so every other module can take a JobSpec without import cycles.
+so flags need no section prefix. The spec package is a leaf (it imports nothing of
+disttrain but `errors`) so every other module can take a JobSpec without import cycles.
 
 Bad input raises `SpecError` whose message names the file, the field path, the value
-and what is allowed; the CLI prints it and exits 2.
+and what is allowed; the CLI prints it and exits 2. Cross-field rules the spec alone
+decides are validators here and name the flag to change; rules that need the machine
+(GPUs, WORLD_SIZE) are in `disttrain.spec.rules`.
 """
 
 from __future__ import annotations
@@ -19,31 +21,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from disttrain.errors import SpecError
 from disttrain.spec.cluster import ClusterSpec
+from disttrain.spec.fields import CommHook, Example, StrictModel, is_dns1123_label
+from disttrain.spec.paths import check_readable_file
 
-EXAMPLES = ("digits", "mnist", "synthetic", "seed002")
-DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_PROCS = 1024  # processes or threads per node: more is a typo, not a machine
-
-
-
-class StrictModel(BaseModel):
-    """Unknown fields are errors: a typo must never be silently ignored. Numbers must be
-    finite and text free of NUL characters: both pass a type check and crash far later
-    (int(inf) in the launcher, an embedded null byte in a path or argv; issue 7 fuzzing)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _no_nul(cls, v: Any) -> Any:
-        items = v if isinstance(v, list) else [v]
-        if any(isinstance(x, str) and "\x00" in x for x in items):
-            raise ValueError("must not contain a NUL character")
-        return v
 
 
 class LaunchSpec(StrictModel):
@@ -98,7 +83,7 @@ class TrainSpec(StrictModel):
     )
     warmup_steps: int = Field(0, ge=0, description="linear LR warm-up in optimizer steps")
     optimizer: Literal["adam", "sgd"] = Field("adam", description="optimizer")
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+    comm_hook: CommHook = Field(
         "none", description="DDP gradient compression hook"
     )
     grad_ckpt: bool = Field(False, description="activation checkpointing of model blocks")
@@ -127,7 +112,7 @@ class JobSpec(StrictModel):
 
     name: str = Field("disttrain", description="job name (DNS-1123: lower case, digits, '-')")
     script: str | None = Field(None, description="user training script run by torchrun")
-    example: Literal["digits", "mnist", "synthetic", "seed002"] | None = Field(
+    example: Example | None = Field(
         None, description="built-in job to run when no script is given (default digits)"
     )
     args: list[str] = Field(default_factory=list, description="arguments passed to the script")
@@ -138,7 +123,7 @@ class JobSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _dns1123(cls, v: str) -> str:
-        if len(v) > 63 or not DNS1123.match(v):
+        if not is_dns1123_label(v):
             raise ValueError(
                 "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', "
                 "starting and ending with a letter or digit (e.g. 'mnist-ddp')"
@@ -149,6 +134,30 @@ class JobSpec(StrictModel):
     def _one_workload(self) -> JobSpec:
         if self.script and self.example:
             raise ValueError("give either 'script' or 'example', not both")
+        return self
+
+    @model_validator(mode="after")
+    def _builtin_strategy(self) -> JobSpec:
+        """Combinations every worker of the built-in job would reject (or crash on) at start,
+        refused at load time with the flag to change. Only for the built-in job: a user
+        script reads its own arguments, not `train`. Rules that depend on the machine (GPUs,
+        WORLD_SIZE) are in `disttrain.spec.rules.check_runnable`."""
+        if self.script:
+            return self
+        cfg, launch = self.train, self.launch
+        nproc = launch.nproc_per_node
+        if cfg.strategy == "dp" and isinstance(nproc, int) and nproc > 1:
+            raise ValueError(
+                f"launch.nproc_per_node: strategy dp runs ONE process that drives all visible "
+                f"GPUs (nn.DataParallel), not {nproc}; use --nproc-per-node 1, or "
+                f"--strategy ddp for one process per GPU (recommended)")
+        if cfg.strategy == "dp" and launch.nnodes > 1:
+            raise ValueError(
+                f"launch.nnodes: strategy dp is one process on one machine, not {launch.nnodes} "
+                f"nodes; use --strategy ddp across nodes")
+        if cfg.strategy == "fsdp" and cfg.comm_hook == "powersgd":
+            raise ValueError("train.comm_hook: powersgd is a DDP comm hook and FSDP has none; "
+                             "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
         return self
 
     # -- derived values -------------------------------------------------------------
@@ -182,12 +191,11 @@ class JobSpec(StrictModel):
         """Load a YAML spec file (or the defaults when `path` is None)."""
         if path is None:
             return cls.from_dict({}, overrides, source="flags")
-        p = Path(path)
+        p = check_readable_file(path, kind="job spec",
+                                missing="no such file; pass an existing job spec with -f")
         try:
             text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SpecError(f"{p}: no such file; pass an existing job spec with -f") from None
-        except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: NUL in path
+        except (OSError, UnicodeDecodeError) as exc:  # e.g. removed since the check
             raise SpecError(f"{p}: cannot read the spec ({exc})") from None
         try:
             data = yaml.safe_load(text)
@@ -247,6 +255,9 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
+        named = _FIELD_PREFIX.match(msg) if not err["loc"] else None
+        if named:  # a cross-field rule names the field to change itself
+            path, msg = named.group(1), msg[named.end():]
         if err["type"] == "extra_forbidden":
             section = err["loc"][:-1]
             model = _model_at(section)
@@ -259,6 +270,9 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             else f" (got {given!r})"
         lines.append(f"{source}: {path}: {msg}{shown}")
     return "\n".join(lines)
+
+
+_FIELD_PREFIX = re.compile(r"((?:launch|train|cluster)\.[a-z_]+): ")
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:

@@ -1,2 +1,10 @@
-"""THE LOOP: the Trainer, what builds it from a spec, precision, optimizers and LR rules,
-checkpoints (atomic .pt, DCP, the resume policy) and the rank loaders (docs/architecture.md)."""
+"""THE LOOP (docs/architecture.md):
+
+- trainer.py     the Trainer: epochs, accumulation, eval, records, the end-of-run summary
+- build.py       build_trainer(spec, rt): workload, strategy, comm hook, optimizer, writer
+- run_info.py    RunInfo, the resolved settings the banner and summary.json show
+- precision.py   Precision, the AMP axis (autocast dtype, loss scaler)
+- optim.py       optimizers, LR scaling with the global batch, warm-up
+- checkpoint.py  atomic .pt files, FSDP's sharded folders, TrainState and the resume policy
+- loader.py      ShardedLoader, this rank's batches of in-memory tensors
+"""

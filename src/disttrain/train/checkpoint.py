@@ -1,17 +1,26 @@
-"""Checkpoints that survive a crash mid-save and never unpickle arbitrary objects.
+"""Checkpoints of a training run: atomic .pt files, FSDP's sharded folders, exact resume.
 
-    save_checkpoint(ckpt_dir, state, step=120)   # atomic: temp file, fsync, rename
-    state, path = load_latest(ckpt_dir)          # newest complete one, weights_only=True
+    ckpt = Checkpointer(rt, checkpoint_dir(run_dir), model, optimizer, scheduler, precision)
+    ckpt.save(state, write=rt.is_rank0)          # a collective: every rank calls it
+    found = ckpt.restore()                       # (TrainState, path) or None; all ranks agree
+    state, path = load_latest(ckpt_dir)          # the file layer alone: newest that loads
 
 Layout of `checkpoints/`: `ckpt-<step>.pt` files (the newest `keep` are kept) and
 `last.pt`, a hard link to the newest. A process killed while writing leaves only a
 `.tmp` file behind, which is ignored (and removed by the next save once its writer is
-gone), so the previous checkpoint stays loadable.
+gone), so the previous checkpoint stays loadable. Under FSDP every rank also writes its
+shards of model and optimizer to `dcp-<step>/` (torch.distributed.checkpoint), which the
+.pt file names; the .pt still holds the consolidated model weights for plain torch users.
 
-Reading trusts nothing (issue 7): every zip entry's CRC-32 is checked first (torch.load
-itself loads a flipped bit in tensor data silently), then `torch.load(weights_only=True)`
-rebuilds only tensors and plain containers, so a crafted pickle cannot run code. A file
-that fails either check is reported with its name and skipped for the next newest.
+Reading trusts nothing: a checkpoint may come from a crashed writer, a disk that flipped
+a bit, or someone else. Every zip entry's CRC-32 is checked first (torch.load itself loads
+a flipped bit in tensor data silently), then `torch.load(weights_only=True)` rebuilds only
+tensors and plain containers, so a crafted pickle cannot run code. A file that fails
+either check is reported with its name and skipped for the next newest.
+
+Resume is exact: the .pt holds the position (`TrainState`: epoch, batch in the epoch,
+optimizer step, samples), the scheduler and loss scaler, and every rank's RNG states, so
+a resumed run takes the same steps as one that never stopped.
 """
 
 from __future__ import annotations
@@ -21,19 +30,25 @@ import logging
 import os
 import random
 import re
+import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
+from disttrain import envvars
+from disttrain.distributed.runtime import Runtime
+from disttrain.distributed.strategies import is_fsdp, unwrap
 from disttrain.errors import CheckpointError
+from disttrain.train.precision import Precision
 
 log = logging.getLogger("disttrain")
 CKPT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
 TMP_RE = re.compile(r"^\..+\.(\d+)\.tmp$")  # `.<name>.<pid>.tmp` of atomic writes
-
 
 
 def _fsync_dir(path: Path) -> None:
@@ -202,3 +217,158 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- FSDP: sharded folders (torch.distributed.checkpoint) ---------------------------------
+def dcp_name(step: int) -> str:
+    return f"dcp-{step:08d}"
+
+
+def save_sharded(ckpt_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 rank0: bool, keep: int = 2) -> dict[str, Any]:
+    """Every rank writes its shards of model + optimizer to `ckpt_dir/dcp-<step>/`.
+
+    Every rank writes its own shards in parallel, nobody gathers the whole optimizer state,
+    and the folder loads into any world size. It is written under a temporary name and
+    renamed by rank 0 once DCP's metadata (written last, after every rank's data) exists,
+    so a crash mid-save never leaves a folder that looks complete. Returns what rank 0
+    puts in the .pt file: the folder name and the consolidated model weights.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from disttrain.distributed.fsdp import full_state_dict
+
+    name = dcp_name(step)
+    tmp = ckpt_dir / f".{name}.tmp"
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp))
+    full = full_state_dict(model, rank0_only=True)
+    if rank0:
+        final = ckpt_dir / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _prune_sharded(ckpt_dir, keep)
+    return {"dcp": name, "model": full, "optimizer": {}}
+
+
+def _prune_sharded(ckpt_dir: Path, keep: int) -> None:
+    folders = sorted((p for p in ckpt_dir.glob("dcp-*") if p.is_dir()), reverse=True)
+    for old in folders[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a `save_sharded` folder into the (already sharded) model and optimizer.
+
+    Raises:
+        CheckpointError: the folder has no DCP metadata (its save did not finish).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if not (folder / ".metadata").is_file():
+        raise CheckpointError(f"{folder}: not a complete torch.distributed.checkpoint folder")
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optimizer": osd}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+
+
+# -- a training run's state: what is saved, and the resume policy -------------------------
+@dataclass
+class TrainState:
+    """Where training is: what a checkpoint must restore for an exact resume."""
+
+    epoch: int = 0            # current epoch (0-based)
+    batch_in_epoch: int = 0   # micro-batches of this epoch already consumed
+    step: int = 0             # optimizer steps taken
+    samples: int = 0          # samples this rank processed (for throughput)
+
+
+def resume_requested(resume: bool) -> bool:
+    """Continue from the newest checkpoint: asked for (`--resume`), or torchrun restarted
+    the workers after a failure (`--max-restarts`), when starting over would redo the
+    steps already taken and write them twice to metrics.jsonl."""
+    return resume or envvars.restart_count() > 0
+
+
+@dataclass
+class Checkpointer:
+    """Saves and restores one run's model, optimizer, scheduler, scaler and position."""
+
+    rt: Runtime
+    ckpt_dir: Path
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+
+    def state_dict(self, state: TrainState, sharded: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the .pt file holds; `sharded` (FSDP) replaces model/optimizer by a DCP
+        folder reference and the consolidated weights."""
+        weights = sharded if sharded is not None else {
+            "model": unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
+        scaler = self.precision.scaler
+        return {
+            "format": 1, **weights, "scheduler": self.scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler else None,
+            "epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch, "step": state.step,
+            "samples": state.samples, "world_size": self.rt.world_size,
+        }
+
+    def save(self, state: TrainState, write: bool) -> None:
+        """A collective: RNG states come from all ranks, FSDP shards from each; the rank
+        with `write` (rank 0) writes the .pt file atomically."""
+        rngs = self.rt.all_gather_object(rng_state())
+        sharded = None
+        if is_fsdp(self.model):  # every rank writes its shards (a collective)
+            sharded = save_sharded(self.ckpt_dir, state.step, self.model, self.optimizer,
+                                   rank0=self.rt.is_rank0)
+        if write:
+            saved = self.state_dict(state, sharded)
+            saved["rng"] = rngs
+            save_checkpoint(self.ckpt_dir, saved, state.step)
+        self.rt.barrier()  # nobody may read the checkpoint before it is complete
+
+    def restore(self) -> tuple[TrainState, Path] | None:
+        """Load the newest checkpoint into the parts; its state and path, or None.
+
+        Raises:
+            CheckpointError: the ranks found different checkpoints (a run dir that the
+                nodes do not share, e.g. each pod's own disk, would silently
+                desynchronise them), or one saved at another world size (the data order
+                would differ).
+        """
+        found = load_latest(self.ckpt_dir)
+        steps = self.rt.all_gather_object(None if found is None else found[0]["step"])
+        if len(set(steps)) > 1:
+            raise CheckpointError(
+                f"resume: the ranks found different checkpoints in {self.ckpt_dir} "
+                f"(step by rank: {steps}); put train.run_dir on a volume that every node shares")
+        if found is None:
+            return None
+        ckpt, path = found
+        if ckpt.get("world_size") != self.rt.world_size:
+            raise CheckpointError(f"{path}: saved with world size {ckpt.get('world_size')}, "
+                                  f"this job has {self.rt.world_size}; the data order would differ")
+        if ckpt.get("dcp"):  # FSDP: every rank loads its shards of model and optimizer
+            load_sharded(path.parent / ckpt["dcp"], self.model, self.optimizer)
+        else:
+            unwrap(self.model).load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        if self.precision.scaler and ckpt.get("scaler"):
+            self.precision.scaler.load_state_dict(ckpt["scaler"])
+        rngs = ckpt.get("rng") or []
+        if self.rt.rank < len(rngs):
+            set_rng_state(rngs[self.rt.rank])
+        state = TrainState(ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"],
+                           ckpt.get("samples", 0))
+        return state, path

@@ -1,22 +1,23 @@
-"""The training loop, done the way seed 000 §5-§7 asks, with the pitfalls handled for you.
+"""The training loop of a correct DDP job, with the usual pitfalls handled for you.
 
     from disttrain import JobSpec
 
     from disttrain.distributed import runtime
-    from disttrain.train.trainer import build_trainer
+    from disttrain.train.build import build_trainer
     with runtime.setup() as rt:
         summary = build_trainer(JobSpec(), rt).fit()
 
 What it takes care of: DistributedSampler.set_epoch every epoch; evaluation on the
 held-out split with loss/accuracy summed over all ranks (not rank 0's shard); output and
 files on rank 0 only; gradient accumulation with one all-reduce per optimizer step;
-atomic checkpoints with RNG state and exact resume; a parameter-hash check that all
-ranks ended identical. `Trainer.__init__` only stores parts; `build_trainer` builds them.
+atomic checkpoints with RNG state and exact resume (`train/checkpoint.py`); a
+parameter-hash check that all ranks ended identical. `Trainer.__init__` only stores
+parts; `build_trainer` builds them. Evaluation scores a classifier (`classification_sums`),
+as every built-in workload is one.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,29 +27,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from disttrain import envvars
 from disttrain.console import EpochTable
 from disttrain.distributed.comm_hooks import CommStats
 from disttrain.distributed.runtime import Runtime
-from disttrain.distributed.strategies import eval_module, is_fsdp, no_sync, unwrap
+from disttrain.distributed.strategies import eval_module, no_sync
 from disttrain.distributed.sync_check import check_in_sync
 from disttrain.resilience import heartbeat
-from disttrain.rundir import RunWriter
+from disttrain.rundir import RunWriter, checkpoint_dir
 from disttrain.spec.job import TrainSpec
-from disttrain.train.checkpoint import load_latest, rng_state, save_checkpoint, set_rng_state
-from disttrain.train.data import ShardedLoader, eval_shard
+from disttrain.train.checkpoint import Checkpointer, TrainState, resume_requested
+from disttrain.train.loader import ShardedLoader, eval_shard
 from disttrain.train.precision import Precision
+from disttrain.train.run_info import RunInfo
+
+__all__ = ["TrainState", "Trainer", "classification_sums"]
 
 FLUSH_RECORDS = 50  # gather logged losses to rank 0 every this many records (one collective)
-
-
-@dataclass
-class TrainState:
-    """Where training is: what a checkpoint must restore for an exact resume."""
-
-    epoch: int = 0            # current epoch (0-based)
-    batch_in_epoch: int = 0   # micro-batches of this epoch already consumed
-    step: int = 0             # optimizer steps taken
-    samples: int = 0          # samples this rank processed (for throughput)
 
 
 @dataclass
@@ -64,9 +59,9 @@ class Trainer:
     test_x: torch.Tensor
     test_y: torch.Tensor
     precision: Precision
+    info: RunInfo                   # the resolved settings; its run_dir holds the checkpoints
     writer: RunWriter | None = None
     loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
-    info: dict[str, Any] = field(default_factory=dict)
     state: TrainState = field(default_factory=TrainState)
     comm: CommStats | None = None   # DDP comm hook's byte counter (builder registers it)
     _records: list[tuple[int, int, torch.Tensor, float, float]] = field(default_factory=list)
@@ -76,11 +71,12 @@ class Trainer:
         """Train for cfg.epochs (or max_steps), evaluate each epoch, return the summary."""
         t_start = time.perf_counter()
         # Heartbeat for the launcher's stall watchdog: phases from hooks, beats below.
-        heartbeat.start(self.rt, self.model, self.optimizer)
+        heartbeat.start(self.rt.rank, self.rt.timeout_s, self.rt.store_address, self.model,
+                        self.optimizer)
         self.maybe_resume()
         samples_start = self.state.samples
         table = EpochTable(enabled=self.rt.is_rank0)
-        table.header(self.info)
+        table.header(self.info.as_dict())
         train_s, last_eval = 0.0, (float("nan"), float("nan"))
         while self.state.epoch < self.cfg.epochs and not self._done():
             t0, samples0 = time.perf_counter(), self.state.samples
@@ -108,7 +104,7 @@ class Trainer:
     def train_epoch(self, table: EpochTable) -> float:
         """One pass over this rank's shard; returns the mean logged loss over all ranks."""
         cfg, st = self.cfg, self.state
-        self.loader.set_epoch(st.epoch)  # a new shuffle each epoch (seed 000 §5.1, §8.4)
+        self.loader.set_epoch(st.epoch)  # a new shuffle each epoch, else every epoch repeats epoch 0's order
         self.loader.skip = st.batch_in_epoch
         n_batches = len(self.loader)
         self.model.train()
@@ -116,7 +112,7 @@ class Trainer:
         t_log, samples_log = time.perf_counter(), 0
         progress = table.progress(n_batches, st.epoch)
         for x, y in self.loader:
-            heartbeat.beat(st.step)  # attribute writes only; a thread publishes (issue 7)
+            heartbeat.beat(st.step)  # attribute writes only; a thread publishes (docs/resilience.md)
             i = st.batch_in_epoch
             # The last group of an epoch may be short: it still ends in an optimizer step.
             boundary = (i + 1) % cfg.grad_accum == 0 or i + 1 == n_batches
@@ -175,7 +171,7 @@ class Trainer:
         self.scheduler.step()
         self.state.step += 1
         if self.state.step == 1:
-            self.info["first_step_s"] = _since_launch()
+            self.info.record_first_step(_since_launch())
 
     @torch.no_grad()
     def evaluate(self, batch_size: int = 1024) -> tuple[float, float]:
@@ -194,8 +190,9 @@ class Trainer:
             y = self.test_y.index_select(0, j).to(self.rt.device)
             with self.precision.autocast():
                 out = net(x)
-            totals[0] += nn.functional.cross_entropy(out.float(), y, reduction="sum").double()
-            totals[1] += (out.argmax(dim=1) == y).sum()
+            loss_sum, correct = classification_sums(out, y)
+            totals[0] += loss_sum
+            totals[1] += correct
             totals[2] += len(y)
         if self.rt.distributed and self.rt.world_size > 1:
             dist.all_reduce(totals)
@@ -239,72 +236,28 @@ class Trainer:
             self.writer.log(rows)
         self._records.clear()
 
-    def checkpoint_state(self, sharded: dict[str, Any] | None = None) -> dict[str, Any]:
-        """What last.pt holds; `sharded` (FSDP) replaces model/optimizer by a DCP folder
-        reference and the consolidated weights."""
-        st = self.state
-        weights = sharded if sharded is not None else {
-            "model": unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
-        return {
-            "format": 1, **weights, "scheduler": self.scheduler.state_dict(),
-            "scaler": self.precision.scaler.state_dict() if self.precision.scaler else None,
-            "epoch": st.epoch, "batch_in_epoch": st.batch_in_epoch, "step": st.step,
-            "samples": st.samples, "world_size": self.rt.world_size,
-        }
+    # -- checkpoints (what is saved and how: train/checkpoint.py) ------------------
+    @property
+    def checkpointer(self) -> Checkpointer:
+        return Checkpointer(self.rt, checkpoint_dir(self.info.run_dir), self.model,
+                            self.optimizer, self.scheduler, self.precision)
 
     def save(self) -> None:
-        """Rank 0 writes (atomically) what every rank needs; RNG states come from all ranks."""
+        """A checkpoint of this step: rank 0 writes (atomically) what every rank needs."""
         heartbeat.beat(self.state.step, "checkpoint")
-        rngs = self.rt.all_gather_object(rng_state())
-        sharded = None
-        if is_fsdp(self.model):  # every rank writes its shards (a collective)
-            from disttrain.distributed.fsdp import save_sharded
-
-            sharded = save_sharded(self.info["run_dir"] / "checkpoints", self.state.step,
-                                   self.model, self.optimizer, rank0=self.rt.is_rank0)
-        if self.writer:
-            state = self.checkpoint_state(sharded)
-            state["rng"] = rngs
-            save_checkpoint(self.writer.run_dir / "checkpoints", state, self.state.step)
-        self.rt.barrier()  # nobody may read the checkpoint before it is complete
+        self.checkpointer.save(self.state, write=self.writer is not None)
 
     def maybe_resume(self) -> None:
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-        if not (self.cfg.resume or restarted):
+        """Continue from the newest checkpoint when asked to, or after a restart."""
+        if not resume_requested(self.cfg.resume):
             return
-        ckpt_dir = self.info["run_dir"] / "checkpoints"
-        found = load_latest(ckpt_dir)
-        # All ranks must resume from the same step: a run dir that the nodes do not share
-        # (a pod's own disk) would silently desynchronise them (issue 7).
-        steps = self.rt.all_gather_object(None if found is None else found[0]["step"])
-        if len(set(steps)) > 1:
-            raise RuntimeError(f"resume: the ranks found different checkpoints in {ckpt_dir} "
-                               f"(step by rank: {steps}); put train.run_dir on a volume that "
-                               f"every node shares")
+        found = self.checkpointer.restore()
         if found is None:
             self.rt.print0("resume: no checkpoint found, starting from scratch")
             if self.writer:  # a restart before the first save: its records are redone
                 self.writer.truncate_after(0)
             return
-        ckpt, path = found
-        if ckpt.get("world_size") != self.rt.world_size:
-            raise RuntimeError(f"{path}: saved with world size {ckpt.get('world_size')}, "
-                               f"this job has {self.rt.world_size}; the data order would differ")
-        if ckpt.get("dcp"):  # FSDP: every rank loads its shards of model and optimizer
-            from disttrain.distributed.fsdp import load_sharded
-
-            load_sharded(path.parent / ckpt["dcp"], self.model, self.optimizer)
-        else:
-            unwrap(self.model).load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        if self.precision.scaler and ckpt.get("scaler"):
-            self.precision.scaler.load_state_dict(ckpt["scaler"])
-        self.state = TrainState(ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"],
-                                ckpt.get("samples", 0))
-        rngs = ckpt.get("rng") or []
-        if self.rt.rank < len(rngs):
-            set_rng_state(rngs[self.rt.rank])
+        self.state, path = found
         if self.writer:
             self.writer.truncate_after(self.state.step)
         self.rt.print0(f"resumed from {path} (epoch {self.state.epoch}, step {self.state.step})")
@@ -318,9 +271,9 @@ class Trainer:
         sync = check_in_sync(self.model, "state")
         if not sync.in_sync:
             self.rt.print0(f"warning: {sync.describe()}")
-        final = self._records_last_loss()
+        final = self.writer.last_train_loss() if self.writer else None
         summary = {
-            **{k: (str(v) if k == "run_dir" else v) for k, v in self.info.items()},
+            **self.info.as_dict(),
             "epochs": self.state.epoch, "steps": self.state.step, "final_loss": final,
             "test_loss": last_eval[0], "test_accuracy": last_eval[1],
             "samples_per_s": samples_per_s,
@@ -330,26 +283,23 @@ class Trainer:
             **(self.comm.summary() if self.comm is not None else {}),
         }
         if self.writer:
-            self.writer.write_summary(summary)
-            self.writer.plot_loss()
-            self.writer.close()
+            self.writer.finish(summary)
         table.footer(summary)
         heartbeat.stop()  # training is over: what the process does next is not watched
         return summary
 
-    def _records_last_loss(self) -> float | None:
-        if not self.writer:
-            return None
-        from disttrain.rundir import read_metrics
-
-        train = [r for r in read_metrics(self.writer.metrics_path) if r.get("split") == "train"]
-        if not train:
-            return None
-        last_step = max(r["step"] for r in train)
-        vals = [r["loss"] for r in train if r["step"] == last_step]
-        return sum(vals) / len(vals)
-
 
 def _since_launch() -> float | None:
-    t0 = os.environ.get("DISTTRAIN_T0")
-    return round(time.time() - float(t0), 3) if t0 else None
+    t0 = envvars.launch_t0()
+    return round(time.time() - t0, 3) if t0 is not None else None
+
+
+def classification_sums(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy and count of correct argmax predictions of one eval batch.
+
+    Sums, not means, so that the totals over all ranks' shards give the exact mean over
+    the held-out set. This is the built-in workloads' metric (they are all classifiers);
+    a model with other outputs needs its own.
+    """
+    loss_sum = nn.functional.cross_entropy(outputs.float(), targets, reduction="sum").double()
+    return loss_sum, (outputs.argmax(dim=1) == targets).sum()

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from disttrain import envvars
 from disttrain.verify import verify_checks
 from disttrain.verify.verify_checks import (
     CHECKS,
@@ -79,20 +80,13 @@ def worker(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return [r.to_json() for r in results]
 
 
-def elastic_entry(opts: dict[str, Any]) -> list[dict[str, Any]]:
-    """Picklable entry for torch's elastic agent; @record reports a crash's traceback."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    return record(worker)(opts)
-
-
 def verify_local(spec: JobSpec, *, fault: str | None = None,
                  steps: int = DEFAULT_STEPS) -> tuple[list[CheckResult], int]:
     """Launch the checks on this machine like any job (torch's elastic launcher).
 
     Args:
         spec: its `launch` section says how many processes, nodes, which backend, timeout.
-        fault: test-only fault injection, as DISTTRAIN_VERIFY_FAULT (default: that variable).
+        fault: test-only fault injection, as `envvars.VERIFY_FAULT` (default: that variable).
         steps: DDP steps of the gradient-sync / convergence run.
 
     Returns:
@@ -100,21 +94,23 @@ def verify_local(spec: JobSpec, *, fault: str | None = None,
         crashed appears as a failed "launch" check on that rank.
 
     Raises:
-        ValueError: a malformed `fault`.
-        disttrain.launch.launchers.LaunchError: an explicitly requested port is taken.
+        ValueError: a malformed `fault` (verify_checks.py needs only torch, so it raises a
+            builtin error rather than one of disttrain.errors).
+        disttrain.errors.LaunchError: an explicitly requested port is taken.
 
     Example:
         >>> results, code = verify_local(JobSpec.from_dict({}, {"nproc_per_node": 2}))
     """
     from disttrain.launch.launchers import launch_function
 
-    fault = fault if fault is not None else os.environ.get(FAULT_ENV)
+    fault = fault if fault is not None else os.environ.get(envvars.VERIFY_FAULT)
     parse_faults(fault)
     opts = {"backend": spec.launch.backend, "timeout_s": spec.launch.timeout_s, "steps": steps,
             "fault": fault or "", "threads": spec.train.threads}
-    outcome = launch_function(spec, elastic_entry, opts)
+    outcome = launch_function(spec, worker, opts)
     if outcome.failures:
-        results = [CheckResult("launch", rank, False, msg) for rank, msg in sorted(outcome.failures.items())]
+        results = [CheckResult("launch", rank, False, failure.summary())
+                   for rank, failure in sorted(outcome.failures.items())]
         return results, 1
     results = [CheckResult(**r) for r in outcome.values[min(outcome.values)]]
     return results, 0 if verdict(results)["ok"] else 1
@@ -164,8 +160,8 @@ def verify_on_cluster(spec: JobSpec, cluster: Any, *, out: Any = print, keep: bo
         (a pod that never started or crashed) is a failed "launch" check naming the pods.
 
     Raises:
-        disttrain.spec.job.SpecError: the spec cannot be rendered (bad input, exit 2).
-        disttrain.k8s.client.KubeError: the cluster refused or could not be reached.
+        disttrain.errors.SpecError: the spec cannot be rendered (bad input, exit 2).
+        disttrain.errors.KubeError: the cluster refused or could not be reached.
     """
     from disttrain.errors import KubeError
     from disttrain.k8s.render import render

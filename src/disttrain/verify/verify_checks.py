@@ -3,38 +3,24 @@
     torchrun --nproc_per_node=2 verify_checks.py --json   # this file alone, e.g. in a pod
     results = run_checks(rt)          # inside any live process group; all ranks' results
 
-Seed 002 verifies a deployment by hand: "the same PyTorch version on all nodes", then
-watch the loss converge on every node and check that the nodes stay in sync. Each of
-those is a check here, judged on every rank against an exact expectation:
+A deployment is usually verified by hand: the same PyTorch version on all nodes, then
+watch the loss converge on every node and check that the nodes stay in sync. Each of those
+is a check here (CHECKS; the table in docs/verify-and-bench.md says what each compares),
+judged on every rank against an exact expectation.
 
-- consistency: torch, CUDA and NCCL versions and the backend equal rank 0's (or the
-  majority's, when more than half the ranks agree on other values);
-- all_reduce_sum / _avg / _max, broadcast, all_gather, reduce_scatter: the result of the
-  collective on integer-valued tensors (1, 1,031 and 2^20+3 elements, odd sizes so that
-  chunking and ring algorithms are exercised) equals the value computed locally;
-- barrier: every rank counts itself into the job's store before the barrier and reads
-  the count after it; a barrier that lets a rank leave early shows a short count;
-- gradient_sync: a short DDP run, then every rank's parameter hash equals rank 0's;
-- convergence: on every rank the loss of that run falls by CONVERGENCE_MARGIN or more.
-
-Why one torch-only file: `disttrain k8s verify` ships it in the job's ConfigMap and runs
-it with torchrun (`disttrain.verify.runner.verify_job_spec`), so the check works in the guide's
-plain `pytorch/pytorch` image without disttrain in the pod. When disttrain is importable
-the process group is set up by `disttrain.distributed.runtime`, as for every other job. The launcher
-side (`verify_local`, the k8s job spec, reading a verdict back from logs) is in
-`disttrain.verify.runner`.
-
-Fault injection, for tests only: DISTTRAIN_VERIFY_FAULT="<check>:<rank>[,<check>:<rank>]"
-(or `disttrain verify --fault`, hidden) makes <rank> break <check> the way a real fault
-would: a collective's result is off by one in its first element, the barrier count is
-short, parameters are perturbed halfway through the DDP run, the rank trains on shuffled
-labels (its loss cannot fall), or it reports another torch version.
+One torch-only file, because `disttrain k8s verify` ships it in the job's ConfigMap and runs
+it with torchrun, so the check works in a plain `pytorch/pytorch` image. Where disttrain is
+importable the process group comes from `disttrain.distributed.runtime`, as for every job;
+the launcher side is `disttrain.verify.runner`. Fault injection (tests only):
+`<check>:<rank>[,<check>:<rank>]` in FAULT_ENV, or the hidden `disttrain verify --fault`,
+makes <rank> break <check> the way a real fault would (docs/verify-and-bench.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -45,7 +31,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from types import SimpleNamespace
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -53,26 +40,24 @@ from torch import nn
 
 CHECKS = ("consistency", "all_reduce_sum", "all_reduce_avg", "all_reduce_max", "broadcast",
           "all_gather", "reduce_scatter", "barrier", "gradient_sync", "convergence")
+# NOTE: declared in disttrain/envvars.py (VERIFY_FAULT) with every other variable; spelled
+# out here because this file runs in pods without disttrain (a test keeps the two equal).
 FAULT_ENV = "DISTTRAIN_VERIFY_FAULT"
 CONVERGENCE_MARGIN = 0.3      # the loss must fall by at least 30 % on every rank
 DEFAULT_STEPS = 100           # DDP steps of the gradient-sync / convergence run
 SIZES = (1, 1031, (1 << 20) + 3)
+SIZES_TEXT = "/".join(f"{n:,}" for n in SIZES) + " elements"
 _barrier_calls = 0            # makes the barrier's store key unique per call, equal on all ranks
 
 
 class RankLike(Protocol):
     """What the checks need from a runtime (`disttrain.distributed.runtime.Runtime` has it)."""
 
-    @property
-    def rank(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def local_rank(self) -> int: ...
-    @property
-    def device(self) -> torch.device: ...
-    @property
-    def backend(self) -> str: ...
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
 
 
 @dataclass
@@ -150,7 +135,7 @@ class _Checker:
         if bad:
             return False, f"{bad} ({how})"
         # NCCL's AVG multiplies by 1/n before summing: equal within rounding, not bitwise.
-        return True, f"{'exact' if op != 'avg' else 'within 1e-6'} on {_sizes()} ({how})"
+        return True, f"{'exact' if op != 'avg' else 'within 1e-6'} on {SIZES_TEXT} ({how})"
 
     def _avg(self, t: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, str]:
         try:
@@ -173,7 +158,7 @@ class _Checker:
                 bad = bad or (found and f"{found} (from rank {src})")
         if bad:
             return False, bad
-        return True, f"exact from ranks {sources} on {_sizes()}"
+        return True, f"exact from ranks {sources} on {SIZES_TEXT}"
 
     def all_gather(self) -> tuple[bool, str]:
         fn = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
@@ -197,7 +182,7 @@ class _Checker:
                 bad = bad or _compare(self._inject("all_gather", got), want)
         if bad:
             return False, bad
-        return True, f"exact on {_sizes()} ({', '.join(apis)})"
+        return True, f"exact on {SIZES_TEXT} ({', '.join(apis)})"
 
     def reduce_scatter(self) -> tuple[bool, str]:
         n, how, bad = self.n, "", None
@@ -209,7 +194,7 @@ class _Checker:
             bad = bad or _compare(self._inject("reduce_scatter", out), want)
         if bad:
             return False, f"{bad} ({how})"
-        return True, f"exact on {_sizes()} per rank ({how})"
+        return True, f"exact on {SIZES_TEXT} per rank ({how})"
 
     def _reduce_scatter(self, inp: torch.Tensor, numel: int) -> tuple[torch.Tensor, str]:
         out = torch.empty(numel, device=self.device)
@@ -328,8 +313,8 @@ def train_task(rt: RankLike, steps: int, perturb: bool = False,
 
 
 def params_sha256(model: nn.Module) -> str:
-    """SHA-256 of the state_dict in order; the same as `disttrain.distributed.strategies.params_sha256`
-    (repeated here so this file runs with torch alone)."""
+    """SHA-256 of the state_dict in order; the same as `disttrain.distributed.sync_check.digest`
+    of it (repeated here so this file runs with torch alone)."""
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
@@ -338,7 +323,8 @@ def params_sha256(model: nn.Module) -> str:
 
 
 def versions(backend: str) -> dict[str, str]:
-    """What seed 002 asks to be equal on all nodes, plus the backend."""
+    """The versions that must match on all nodes (a torch, CUDA or NCCL mismatch between
+    nodes fails or hangs in the first collective), plus the backend."""
     try:
         v = torch.cuda.nccl.version()
         nccl = ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)
@@ -360,23 +346,14 @@ def run_checks(rt: RankLike, *, faults: str | dict[str, set[int]] | None = None,
 
     Returns:
         The results of all ranks, by check then rank; the same list on every rank.
-
-    Example:
-        >>> with disttrain.distributed.runtime.setup() as rt:
-        ...     failed = [r for r in run_checks(rt) if not r.ok]
     """
     if faults is None or isinstance(faults, str):
         faults = parse_faults(os.environ.get(FAULT_ENV) if faults is None else faults)
     checker = _Checker(rt, faults, steps)
     table: dict[str, Callable[[], tuple[bool, str]]] = {
-        "consistency": checker.consistency,
-        "all_reduce_sum": lambda: checker.all_reduce("sum"),
-        "all_reduce_avg": lambda: checker.all_reduce("avg"),
-        "all_reduce_max": lambda: checker.all_reduce("max"),
-        "broadcast": checker.broadcast, "all_gather": checker.all_gather,
-        "reduce_scatter": checker.reduce_scatter, "barrier": checker.barrier,
-        "gradient_sync": checker.gradient_sync, "convergence": checker.convergence,
-    }
+        name: getattr(checker, name) for name in CHECKS if not name.startswith("all_reduce_")}
+    table.update({f"all_reduce_{op}": functools.partial(checker.all_reduce, op)
+                  for op in ("sum", "avg", "max")})
     where = {"host": socket.gethostname(), "local_rank": rt.local_rank,
              "device": str(rt.device), "backend": rt.backend}
     mine: list[dict[str, Any]] = []
@@ -402,10 +379,6 @@ def run_checks(rt: RankLike, *, faults: str | dict[str, set[int]] | None = None,
 
 
 # -- helpers ----------------------------------------------------------------------------
-def _sizes() -> str:
-    return "/".join(f"{n:,}" for n in SIZES) + " elements"
-
-
 def _compare(got: torch.Tensor, want: torch.Tensor, exact: bool = True) -> str | None:
     """None when equal, else where and how the first wrong element differs."""
     if exact:
@@ -472,20 +445,11 @@ def summary_lines(results: Sequence[CheckResult]) -> list[str]:
     return lines
 
 
-@dataclass
-class _BareRank:
+def _bare_setup(backend: str, timeout_s: float) -> RankLike:
     """The process group set up with torch alone (only where disttrain is not installed)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    backend: str
-
-
-def _bare_setup(backend: str, timeout_s: float) -> _BareRank:
     # NOTE: the same env contract as disttrain.distributed.runtime.setup, for the k8s verify pod whose
     # image may have torch alone; init_process_group reads RANK/WORLD_SIZE/MASTER_* itself.
+    # The names are declared in disttrain/envvars.py; spelled out here for the same reason.
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "auto":
         local_n = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -499,7 +463,8 @@ def _bare_setup(backend: str, timeout_s: float) -> _BareRank:
         dist.init_process_group(backend, timeout=timeout)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return _BareRank(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+    return cast(RankLike, SimpleNamespace(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                                          local_rank=local_rank, device=device, backend=backend))
 
 
 def main(argv: list[str] | None = None) -> int:

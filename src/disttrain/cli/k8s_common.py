@@ -1,0 +1,97 @@
+"""What the `disttrain k8s ...` verbs share: their options, spec loading, rendering, and
+the cluster connection with its one-line errors.
+
+    @k8s.command(context_settings=CTX)
+    @spec_args
+    @cluster_args
+    def apply(script, script_args, spec_file, kubeconfig, context, **kwargs): ...
+
+Kept apart from k8s_cmd.py so that a verb in another module (k8s_verify_cmd.py) uses
+public names instead of importing another verb module's private helpers. Exit codes:
+bad input is one `error:` line and exit 2 before any cluster is contacted; a cluster that
+refuses or cannot be reached is one `error:` line and exit 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from disttrain.cli.options import SpecFile, fail, job_overrides, load_spec, spec_options
+
+T = TypeVar("T")
+
+
+def spec_args(fn: Any) -> Any:
+    """SCRIPT [ARGS...], -f/--file and one flag per launch/train/cluster spec field."""
+    fn = spec_options([None, "launch", "train", "cluster"])(fn)
+    fn = click.option("-f", "--file", "spec_file", type=SpecFile(),
+                      help="job spec YAML; flags override its fields")(fn)
+    fn = click.argument("script_args", nargs=-1, type=click.UNPROCESSED)(fn)
+    return click.argument("script", required=False)(fn)
+
+
+def cluster_args(fn: Any) -> Any:
+    """--kubeconfig and --context: which cluster to talk to."""
+    fn = click.option("--context", default=None, help="kubeconfig context")(fn)
+    return click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False),
+                        help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                             "/etc/rancher/k3s/k3s.yaml)")(fn)
+
+
+def job_args(fn: Any) -> Any:
+    """NAME, -n/--namespace and the kubeconfig options of a verb on an existing job."""
+    fn = cluster_args(fn)
+    fn = click.option("-n", "--namespace", default="default", help="namespace")(fn)
+    return click.argument("name")(fn)
+
+
+def load_job(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
+             kwargs: dict[str, Any]) -> Any:
+    """The JobSpec of `spec_args`' options (the flags the user gave override the file)."""
+    return load_spec(spec_file, job_overrides(script, script_args, kwargs))
+
+
+def render_or_fail(spec: Any, *, local: bool = False) -> Any:
+    """`render(spec)` with a SpecError as exit 2 and the render's warnings on stderr."""
+    from disttrain.errors import SpecError
+    from disttrain.k8s.render import render
+
+    try:
+        rendered = render(spec, Path("."), local=local)
+    except SpecError as exc:
+        fail(str(exc))
+    for warning in rendered.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    return rendered
+
+
+def connect(kubeconfig: str | None, context: str | None) -> Any:
+    """The Cluster of the kubeconfig; one that cannot be read or reached is exit 1."""
+    from disttrain.errors import KubeError
+    from disttrain.k8s.client import Cluster
+
+    try:
+        return Cluster.from_kubeconfig(kubeconfig, context)
+    except KubeError as exc:
+        cluster_error(exc)
+
+
+def cluster_error(exc: Exception) -> NoReturn:
+    """A cluster failure: one `error:` line, exit 1 (not 2: the input was fine)."""
+    click.echo(f"error: {exc}", err=True)
+    raise click.exceptions.Exit(1)
+
+
+def on_cluster(kubeconfig: str | None, context: str | None, call: Callable[[Any], T]) -> T:
+    """Connect, then return `call(cluster)`; a KubeError either way is one line, exit 1."""
+    from disttrain.errors import KubeError
+
+    cluster = connect(kubeconfig, context)
+    try:
+        return call(cluster)
+    except KubeError as exc:
+        cluster_error(exc)

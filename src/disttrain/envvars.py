@@ -1,0 +1,264 @@
+"""Every environment variable disttrain reads or writes, declared once with its meaning.
+
+    from disttrain import envvars
+    envvars.restart_count()                      # torchrun's restart round, 0 on the first
+    envvars.set_env(envvars.OMP_NUM_THREADS, "4")  # logs when it replaces another value
+
+A name used anywhere in the package is a constant of this module, so a grep for it lands
+here, with what it means and who sets it; `docs/environment.md` lists the same table (a
+test keeps the two equal). Literals remain in `verify/verify_checks.py`, which is shipped
+alone into pods whose image has torch but not disttrain, and in tables that mirror another
+contract: the NCCL presets of `k8s/hami.py` (a test checks their names against this
+module), the training operator's variables that `k8s run-local` emulates, and the lint
+rules about a user's own script (`diagnose/`).
+
+Readers take an optional mapping (default `os.environ`) so that they can be tested without
+touching the process environment. A variable that is set but malformed is an error naming
+it, never a silent default. Writes go through `set_env`, which logs a warning when it
+replaces a value that was already there (the user's, most likely): a worker that silently
+runs with other settings than the shell shows is hard to debug.
+
+The launch contract itself (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) is parsed inside a rank by `disttrain.distributed.env` alone, with the
+names declared here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
+
+from disttrain.errors import DistEnvError
+
+log = logging.getLogger("disttrain")
+
+# Who sets a variable, as the docs group them.
+YOU = "you"                  # a switch for users (or tests) of disttrain
+DISTTRAIN = "disttrain"      # written by disttrain for its own child processes
+LAUNCHER = "launcher"        # the per-rank contract: torchrun, disttrain's launchers, a pod
+TORCHRUN = "torchrun"        # torchrun's elastic agent, for its workers
+POD = "pod"                  # written into rendered or emulated pods
+HOST = "host"                # the machine's own settings that disttrain consults
+SETTERS = (YOU, DISTTRAIN, LAUNCHER, TORCHRUN, POD, HOST)
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One declared variable: its name, who sets it, and what it does (one line)."""
+
+    name: str
+    setter: str
+    meaning: str
+
+
+VARS: dict[str, EnvVar] = {}
+
+
+def _var(name: str, setter: str, meaning: str) -> str:
+    """Declare `name` once; returns it, so that the constant is the plain string."""
+    assert name not in VARS and setter in SETTERS, name
+    VARS[name] = EnvVar(name, setter, meaning)
+    return name
+
+
+# -- disttrain's own -------------------------------------------------------------------------
+WATCHDOG = _var("DISTTRAIN_WATCHDOG", YOU,
+                "any value keeps rank 0's in-job stall watchdog off; `disttrain run` sets "
+                "`launcher` while its own watchdog runs, `off` turns it off by hand")
+NO_COMM_POLL = _var("DISTTRAIN_NO_COMM_POLL", YOU,
+                    "any value: wait for the step's last gloo all-reduce by blocking instead "
+                    "of polling (docs/performance.md)")
+NO_MALLOPT = _var("DISTTRAIN_NO_MALLOPT", YOU,
+                  "any value: leave glibc malloc's thresholds alone in each rank")
+FSDP_VERSION = _var("DISTTRAIN_FSDP_VERSION", YOU,
+                    "`1` forces FSDP1 even where torch has fully_shard (FSDP2)")
+FAULT = _var("DISTTRAIN_FAULT", YOU,
+             "testing only: `ACTION:rank=R:step=S[:phase=P][:restart=N]` makes that rank fail "
+             "at that step (docs/resilience.md)")
+VERIFY_FAULT = _var("DISTTRAIN_VERIFY_FAULT", YOU,
+                    "testing only: `<check>:<rank>[,...]` makes `disttrain verify` fail those "
+                    "checks on those ranks (docs/verify-and-bench.md)")
+T0 = _var("DISTTRAIN_T0", DISTTRAIN,
+          "the `disttrain` command's start time (epoch seconds), so workers report "
+          "time-to-first-step; kept for child commands, dropped by the benchmarks")
+WARM_DATASET = _var("DISTTRAIN_WARM_DATASET", DISTTRAIN,
+                    "JSON arguments of the built-in job's dataset, for the warm fork server to "
+                    "load once for all local workers")
+TEST_TIMEOUT_S = _var("DISTTRAIN_TEST_TIMEOUT_S", DISTTRAIN,
+                      "`disttrain.testing.run_ranks`' timeout, which bounds every collective "
+                      "of `setup_for_test` (default 60)")
+
+# -- the per-rank launch contract ------------------------------------------------------------
+RANK = _var("RANK", LAUNCHER, "this process's global rank, 0..WORLD_SIZE-1")
+WORLD_SIZE = _var("WORLD_SIZE", LAUNCHER, "the number of ranks in the job")
+LOCAL_RANK = _var("LOCAL_RANK", LAUNCHER, "this process's rank on its node; picks its GPU")
+LOCAL_WORLD_SIZE = _var("LOCAL_WORLD_SIZE", LAUNCHER, "the number of ranks on this node")
+MASTER_ADDR = _var("MASTER_ADDR", LAUNCHER, "the host of rank 0's rendezvous store")
+MASTER_PORT = _var("MASTER_PORT", LAUNCHER, "the TCP port of rank 0's rendezvous store")
+LAUNCH_CONTRACT = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+
+# -- torchrun's elastic agent ----------------------------------------------------------------
+RESTART_COUNT = _var("TORCHELASTIC_RESTART_COUNT", TORCHRUN,
+                     "how many times the agent restarted the workers (0 on the first round); "
+                     "above 0 the built-in job resumes from its last checkpoint")
+ERROR_FILE = _var("TORCHELASTIC_ERROR_FILE", TORCHRUN,
+                  "where a worker records its error for the agent's failure summary")
+USE_AGENT_STORE = _var("TORCHELASTIC_USE_AGENT_STORE", TORCHRUN,
+                       "`True` when the workers share the agent's store, whose keys each "
+                       "restart round must keep apart")
+
+# -- written for workers and pods ------------------------------------------------------------
+OMP_NUM_THREADS = _var("OMP_NUM_THREADS", DISTTRAIN,
+                       "threads per rank: the train.threads setting, else cores / local ranks")
+PYTHONUNBUFFERED = _var("PYTHONUNBUFFERED", POD,
+                        "`1` so that `kubectl logs -f` and benchmarks see output as it comes")
+PYTHONPATH = _var("PYTHONPATH", POD,
+                  "`k8s run-local` puts this disttrain first, so emulated pods import it")
+NCCL_SOCKET_IFNAME = _var("NCCL_SOCKET_IFNAME", POD,
+                          "the network interface NCCL uses: `cluster.nccl_socket_ifname`; "
+                          "`disttrain doctor` checks it exists")
+GLOO_SOCKET_IFNAME = _var("GLOO_SOCKET_IFNAME", HOST,
+                          "the network interface gloo uses; `disttrain doctor` checks it exists")
+NCCL_DEBUG = _var("NCCL_DEBUG", POD, "`INFO` with `cluster.nccl_preset: debug`")
+NCCL_IB_DISABLE = _var("NCCL_IB_DISABLE", POD,
+                       "`1` with the `no-ib` preset, `0` with `ib` (InfiniBand off / on)")
+NCCL_NET_GDR_LEVEL = _var("NCCL_NET_GDR_LEVEL", POD, "`2` with the `ib` preset (GPUDirect RDMA)")
+NCCL_P2P_DISABLE = _var("NCCL_P2P_DISABLE", POD,
+                        "`1` with the `no-p2p` preset or vGPU workaround (no NVLink / PCIe P2P)")
+NCCL_SHM_DISABLE = _var("NCCL_SHM_DISABLE", POD,
+                        "`1` with the `no-shm` vGPU workaround (no shared-memory transport)")
+NCCL_CUMEM_HOST_ENABLE = _var("NCCL_CUMEM_HOST_ENABLE", POD,
+                              "`0` with the `no-cumem-host` vGPU workaround; `disttrain doctor` "
+                              "checks it under HAMi")
+CUDA_DISABLE_CONTROL = _var("CUDA_DISABLE_CONTROL", POD,
+                            "`true` with the `no-vgpu-control` vGPU workaround: HAMi-core's memory "
+                            "and core isolation off for the container (last resort)")
+
+# -- read from the machine -------------------------------------------------------------------
+CUDA_VISIBLE_DEVICES = _var("CUDA_VISIBLE_DEVICES", HOST,
+                            "empty or `-1` means no GPU: `nproc_per_node: auto` counts none")
+CUDA_DEVICE_SM_LIMIT = _var("CUDA_DEVICE_SM_LIMIT", HOST,
+                            "HAMi's share of the GPU's cores for this container (percent); "
+                            "reported by `disttrain env`")
+CUDA_OVERSUBSCRIBE = _var("CUDA_OVERSUBSCRIBE", HOST,
+                          "`true` when HAMi lets this container oversubscribe GPU memory; "
+                          "reported by `disttrain env`")
+KUBECONFIG = _var("KUBECONFIG", HOST, "the cluster config the `k8s` commands use")
+
+
+# -- readers ---------------------------------------------------------------------------------
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """True when `name` is set to anything but the empty string (the on/off switches)."""
+    return bool(_env(environ).get(name))
+
+
+def int_var(name: str, default: int, minimum: int = 0,
+            environ: Mapping[str, str] | None = None) -> int:
+    """An integer variable; unset or empty means `default`.
+
+    Raises:
+        DistEnvError: the value is not an integer, or is below `minimum`; names the variable.
+    """
+    raw = _env(environ).get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise DistEnvError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise DistEnvError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def float_var(name: str, default: float | None,
+              environ: Mapping[str, str] | None = None) -> float | None:
+    """A number variable; unset or empty means `default`.
+
+    Raises:
+        DistEnvError: the value is not a number; names the variable.
+    """
+    raw = _env(environ).get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise DistEnvError(f"{name}={raw!r} is not a number") from None
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """torchrun's restart round of this worker: 0 first, then 1, 2, ... (0 outside torchrun).
+
+    Raises:
+        DistEnvError: TORCHELASTIC_RESTART_COUNT is not a whole number.
+    """
+    return int_var(RESTART_COUNT, 0, 0, environ)
+
+
+def uses_agent_store(environ: Mapping[str, str] | None = None) -> bool:
+    """True when torchrun's workers share its agent's store (its default since torch 2.4)."""
+    return _env(environ).get(USE_AGENT_STORE) == "True"
+
+
+def launch_t0(environ: Mapping[str, str] | None = None) -> float | None:
+    """The `disttrain` command's start time, or None when no disttrain command started us.
+
+    Raises:
+        DistEnvError: DISTTRAIN_T0 is not a number.
+    """
+    return float_var(T0, None, environ)
+
+
+def ranks_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """The collective timeout `run_ranks` set for its ranks (60 s outside it).
+
+    Raises:
+        DistEnvError: DISTTRAIN_TEST_TIMEOUT_S is not a number.
+    """
+    value = float_var(TEST_TIMEOUT_S, 60.0, environ)
+    assert value is not None
+    return value
+
+
+def fsdp1_forced(environ: Mapping[str, str] | None = None) -> bool:
+    """True when DISTTRAIN_FSDP_VERSION=1 asks for FSDP1 where FSDP2 exists."""
+    return _env(environ).get(FSDP_VERSION) == "1"
+
+
+# -- writers ---------------------------------------------------------------------------------
+def set_env(name: str, value: str, environ: MutableMapping[str, str] | None = None) -> None:
+    """`environ[name] = value`, with a warning when that replaces a different value.
+
+    The replaced value was most likely the user's own (an exported OMP_NUM_THREADS, RANK
+    left in the shell): saying so beats a worker that silently runs otherwise.
+    """
+    env = os.environ if environ is None else environ
+    old = env.get(name)
+    if old is not None and old != value:
+        log.warning("disttrain sets %s=%s for its workers (it was %s)", name, value, old)
+    env[name] = value
+
+
+@contextlib.contextmanager
+def set_while(name: str, value: str,
+              environ: MutableMapping[str, str] | None = None) -> Iterator[None]:
+    """`set_env(name, value)` for the duration of a block; the previous value (or its
+    absence) is put back afterwards."""
+    env = os.environ if environ is None else environ
+    saved = env.get(name)
+    set_env(name, value, env)
+    try:
+        yield
+    finally:
+        if saved is None:
+            env.pop(name, None)
+        else:
+            env[name] = saved

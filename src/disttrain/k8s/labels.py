@@ -1,0 +1,25 @@
+"""The labels and annotations disttrain puts on the objects it renders.
+
+    selector = f"{LABEL_JOB}={name}"        # how client.py finds a job's pods again
+
+One module for the keys, because two sides must agree on them: render.py writes them,
+client.py and output.py read them back (a job's pods by LABEL_JOB, a Worker's node rank by
+ANNOTATION_RANK_OFFSET). Changing a value here orphans the objects of jobs already applied,
+which the client then no longer finds or owns.
+"""
+
+from __future__ import annotations
+
+LABEL_JOB = "disttrain.io/job"  # the job's name on every object: what status/logs/delete select
+LABEL_KIND = "disttrain.io/kind"  # pod | job | pytorchjob
+LABEL_WORKLOAD = "disttrain.io/workload"  # the built-in example, or "script"
+LABEL_NEEDS_DISTTRAIN = "disttrain.io/needs-disttrain"  # "true" when the pod runs disttrain.worker
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+ANNOTATION_IMAGE = "disttrain.io/image-needs"  # what the image must hold; heads the YAML output
+ANNOTATION_CODE = "disttrain.io/code-sha256"  # code ConfigMap's hash: new code, new pod
+ANNOTATION_RANK_OFFSET = "disttrain.io/rank-offset"  # node rank of replica-index 0 (Worker after Master)
+ANNOTATION_RENDER_HASH = "disttrain.io/render-hash"  # the rendered form, for an idempotent apply
+
+# label keys a user's cluster.labels may not set: disttrain finds its objects by them
+RESERVED_PREFIXES = ("disttrain.io/", "app.kubernetes.io/")

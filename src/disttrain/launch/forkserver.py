@@ -1,0 +1,53 @@
+"""The warm fork server that local workers are forked from.
+
+    prewarm_workers({"workload": "digits", ...})   # early in `disttrain run`, before torch
+    method = worker_start_method()                # "forkserver" (warm) or "spawn"
+
+multiprocessing's fork server is started with `disttrain.launch.forkserver_preload` as
+its preload, so it imports torch (and the built-in job's modules) on one core while the
+launcher imports torch on another; workers started with start method "forkserver" are
+then forks of that warm process and start at once. What the preload does, and why, is in
+that module's docstring; it is a module of its own because importing it runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from disttrain import envvars
+
+PRELOAD_MODULE = "disttrain.launch.forkserver_preload"
+
+
+def prewarm_workers(dataset: dict[str, Any] | None = None) -> bool:
+    """Start the warm fork server for built-in-job workers (see `disttrain.launch.forkserver_preload`).
+
+    Call before importing torch in the launcher, so both imports overlap. Returns False
+    where fork servers do not exist (non-POSIX).
+
+    Args:
+        dataset: keyword arguments of `disttrain.examples.datasets.warm_dataset` (the built-in job's
+            data), for the server to load once for all its forks; only the call that
+            starts the server passes them on.
+    """
+    import multiprocessing
+    import multiprocessing.forkserver as forkserver
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    multiprocessing.set_forkserver_preload([PRELOAD_MODULE])
+    if dataset is not None:  # the server inherits this environment when it starts
+        envvars.set_env(envvars.WARM_DATASET, json.dumps(dataset))
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(envvars.WARM_DATASET, None)
+    return True
+
+
+def worker_start_method() -> str:
+    """The start method for local workers: "forkserver" once the warm server runs (it is
+    started here if it is not yet), "spawn" where there are no fork servers."""
+    return "forkserver" if prewarm_workers() else "spawn"

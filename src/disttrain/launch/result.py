@@ -1,0 +1,86 @@
+"""How a local launch ended: one result type for every launcher, one record per failed rank.
+
+    result = launch(spec)                         # LaunchResult(exit_code=1, failures={1: ...})
+    result.failures[1].summary()                  # 'rank crashed (exit code 1): ValueError: boom'
+    result = launch_function(spec, fn, arg)       # result.values == {0: fn(arg), 1: fn(arg)}
+
+torchrun's agent, mp.spawn and the in-process `env` launcher each report failures in
+their own shape (torch's ProcessFailure, ProcessRaisedException / ProcessExitedException,
+a Python exception); each is turned into a `RankFailure` here, so `disttrain run`,
+`disttrain verify` and the benchmarks read one shape. stdlib only: no torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# torch's message when a rank wrote no error file (it died outside @record): says nothing
+# about this failure, so it is left out of the one-line summary.
+_NO_ERROR_FILE_HINT = "To enable traceback"
+
+
+@dataclass
+class RankFailure:
+    """How one rank failed, as far as its launcher could tell.
+
+    Attributes:
+        message: the rank's error (a traceback's text when it wrote an error file).
+        exitcode: the process's exit status (negative: killed by that signal), when known.
+        host: the machine it ran on; pid, local_rank, error_file: where torch's agent saw it.
+        stalled: the launcher's watchdog killed it for making no progress.
+    """
+
+    message: str = ""
+    exitcode: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    local_rank: int | None = None
+    error_file: str | None = None
+    stalled: bool = False
+
+    @classmethod
+    def from_elastic(cls, failure: Any, host: str | None = None) -> RankFailure:
+        """From torch's `ProcessFailure` (a `ChildFailedError`'s failures), whose message
+        is the text of the rank's error file or, in some torch versions, a dict holding it."""
+        message = getattr(failure, "message", "") or ""
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        return cls(message=str(message), exitcode=failure.exitcode, host=host,
+                   pid=getattr(failure, "pid", None), local_rank=failure.local_rank,
+                   error_file=failure.error_file)
+
+    def summary(self) -> str:
+        """One line: the exit code and the last line of the error (what verify and bench show)."""
+        text = self.message.strip()
+        last = text.splitlines()[-1] if text else ""
+        if _NO_ERROR_FILE_HINT in last:
+            last = ""
+        return f"rank crashed (exit code {self.exitcode}){': ' + last if last else ''}"
+
+
+@dataclass
+class LaunchResult:
+    """What every launcher returns.
+
+    Attributes:
+        exit_code: 0 when every rank succeeded, else the job's exit status.
+        values: each rank's return value by global rank (function launches; local ranks).
+        failures: the failed ranks by global rank.
+        notes: things the user should know (a master port that moved).
+        log_text: the text for `disttrain doctor`-style diagnosis of a failure.
+        stalls: the watchdog's reports, one line per stalled rank.
+    """
+
+    exit_code: int = 0
+    values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    log_text: str = ""
+    stalls: list[str] = field(default_factory=list)
+
+    @classmethod
+    def failed(cls, failures: dict[int, RankFailure], log_text: str = "",
+               exit_code: int = 1) -> LaunchResult:
+        """A job that ended with `failures`."""
+        return cls(exit_code=exit_code, failures=failures, log_text=log_text)

@@ -1,0 +1,124 @@
+"""This rank's batches: a DistributedSampler-ordered loader over in-memory tensors.
+
+    loader = ShardedLoader(data.train_x, data.train_y, batch_size=32, rank=0, world_size=2)
+    loader.set_epoch(epoch)            # a new shuffle each epoch, the same on every rank
+    loader.skip = 5                    # resume mid-epoch: start at batch 5, no replay
+    for x, y in loader: ...
+
+Every rank gets a disjoint shard of each epoch's permutation (seeded by seed and epoch),
+in exactly the order `DataLoader(TensorDataset(x, y), sampler=DistributedSampler(...))`
+would give, so a resumed run sees the same batches as one that never stopped.
+`eval_shard` splits the held-out set without the sampler's padding, so every sample is
+scored once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from disttrain.distributed.process import rank_seed
+
+Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def batch_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
+    """The augmentation seed of one batch: distinct per rank (ranks that drew the same
+    noise would augment their shards alike), reproducible, and the same whether the
+    batch is made in the training process or in a DataLoader worker, or after a resume
+    in the middle of an epoch."""
+    return (rank_seed(seed, rank) * 1_000_003 + epoch * 100_003 + batch) % 2**63
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader worker_init_fn: seed numpy and `random` from the worker's torch seed.
+
+    torch seeds each worker with base_seed + worker_id, and base_seed comes from the
+    loader's generator, which ShardedLoader seeds per rank and epoch (`rank_seed`); numpy
+    and `random` would otherwise be forked copies, identical in every worker and rank.
+    """
+    import random
+
+    s = torch.initial_seed() % 2**32
+    np.random.seed(s)
+    random.seed(s)
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Whole batches by batch number, so a worker gathers a batch in one index_select."""
+
+    def __init__(self, loader: ShardedLoader, order: torch.Tensor, epoch: int):
+        self.loader, self.order, self.epoch = loader, order, epoch
+
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.loader.batch_size)
+
+    def __getitem__(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.loader.make_batch(self.order, b, self.epoch)
+
+
+class ShardedLoader:
+    """This rank's batches in DistributedSampler order, one tensor gather per batch.
+
+    Yields exactly what `DataLoader(TensorDataset(x, y), batch_size, sampler=
+    DistributedSampler(...))` yields, without per-sample __getitem__ and collate: for
+    in-memory tensors that Python loop costs more than a small model's step.
+
+    With `num_workers > 0` batches are made in DataLoader worker processes (for costly
+    `transform`s), in the same order and with the same values. `transform(x, generator)`
+    is an augmentation; its generator is seeded per (seed, rank, epoch, batch).
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, num_workers: int = 0,
+                 transform: Transform | None = None):
+        self.x, self.y, self.batch_size = x, y, batch_size
+        self.rank, self.seed, self.num_workers, self.transform = rank, seed, num_workers, transform
+        self.sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world_size,
+                                          rank=rank, shuffle=shuffle, seed=seed,
+                                          drop_last=drop_last)
+        self.epoch = 0
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.batch_size)
+
+    def batch_len(self, i: int) -> int:
+        """Samples in batch `i` of an epoch (all full but possibly the last)."""
+        return min(self.batch_size, len(self.sampler) - i * self.batch_size)
+
+    def make_batch(self, order: torch.Tensor, b: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+        x = self.x.index_select(0, idx)
+        if self.transform is not None:
+            g = torch.Generator().manual_seed(batch_seed(self.seed, self.rank, epoch, b))
+            x = self.transform(x, g)
+        return x, self.y.index_select(0, idx)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        start, self.skip = self.skip, 0
+        if self.num_workers == 0:
+            for b in range(start, len(self)):
+                yield self.make_batch(order, b, self.epoch)
+            return
+        from torch.utils.data import DataLoader
+
+        g = torch.Generator().manual_seed(rank_seed(self.seed, self.rank) + self.epoch)
+        loader = DataLoader(_Batches(self, order, self.epoch), batch_size=None,
+                            sampler=range(start, len(self)), num_workers=self.num_workers,
+                            worker_init_fn=seed_worker, generator=g)
+        yield from loader
+
+
+def eval_shard(n: int, rank: int, world_size: int) -> torch.Tensor:
+    """Indices of the held-out set this rank scores: disjoint, no padding, all covered."""
+    return torch.arange(rank, n, world_size)
