@@ -30,7 +30,7 @@ test: install-test
 ## make fuzz: the property tests with new random inputs and 10x the examples, for exploring
 ## (make test runs a fixed set); keep an input it finds as an @example of its test
 fuzz: install-test
-	$(PY) -m pytest -q --hypothesis-profile=fuzz tests/test_fuzz.py tests/diagnose/test_properties.py
+	$(PY) -m pytest -q --hypothesis-profile=fuzz tests/cli/test_fuzz.py tests/diagnose/test_properties.py
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks examples

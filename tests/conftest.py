@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import settings
 
@@ -50,3 +51,16 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict
     full_env.pop("DISTTRAIN_T0", None)
     return subprocess.run([*DISTTRAIN, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def no_stray_workers(tmp_path):
+    """Kill whatever a failed test left running in its folder (a SIGSTOPped worker
+    would otherwise stay forever)."""
+    yield
+    for proc in psutil.process_iter():
+        try:
+            if Path(proc.cwd()).is_relative_to(tmp_path):
+                proc.kill()
+        except (psutil.Error, OSError, ValueError):
+            continue

@@ -26,7 +26,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     "no_gpu_visible": (
         "no usable GPU for this rank",
         "On the HAMi cluster the pod needs `schedulerName: hami-scheduler` and "
-        "`nvidia.com/gpu: N` in resources.limits (seed 000 §8.2); check `nvidia-smi` in the "
+        "`nvidia.com/gpu: N` in resources.limits (deployment guide §8.2); check `nvidia-smi` in the "
         "pod and `disttrain doctor --gpus N`. Start at most as many processes per pod as "
         "GPUs (--nproc-per-node <= nvidia.com/gpu), bind each to LOCAL_RANK "
         "(`torch.cuda.set_device(local_rank)`), and do not override CUDA_VISIBLE_DEVICES / "

@@ -148,7 +148,7 @@ def check_gpus(probe: Probe, ctx: dict[str, Any]) -> Check:
     if probe.gpus is not None and n < probe.gpus:
         return Check("gpus", FAIL, f"{detail}, {probe.gpus} requested",
                      f"{_HAMI_FIX} Do not set CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES "
-                     f"by hand (seed 000 §8.2).")
+                     f"by hand (deployment guide §8.2).")
     nproc = probe.nproc_per_node
     if nproc and n and nproc > n:
         return Check("gpus", FAIL, f"{detail}, but {nproc} processes per node",
@@ -231,7 +231,7 @@ def check_master_port(probe: Probe, ctx: dict[str, Any]) -> Check:
     if probe.port_in_use(shown):
         owner = probe.port_owner(shown)
         return Check("master_port", FAIL, f"port {shown} is already in use"
-                     f"{' by ' + owner if owner else ''} (seed 000 §8.3)",
+                     f"{' by ' + owner if owner else ''} (deployment guide §8.3)",
                      f"Stop what holds it (`ss -ltnp | grep {shown}`) or use another port: "
                      f"`export MASTER_PORT={shown + 1}` / `torchrun --master-port "
                      f"{shown + 1}`; `torchrun --standalone` picks a free one.")

@@ -116,7 +116,7 @@ def _epoch_loops(info: ScriptInfo, loaders: set[str]) -> list[ast.AST]:
 @rule("DT003", "set-epoch",
       "a DistributedSampler whose loader is iterated every epoch without set_epoch",
       "Call `sampler.set_epoch(epoch)` (or `loader.sampler.set_epoch(epoch)`) at the start "
-      "of every epoch, before iterating the loader (seed 000 §5.1: 必须调用).")
+      "of every epoch, before iterating the loader (deployment guide §5.1: 必须调用).")
 def dt003(info: ScriptInfo) -> Iterator[Hit]:
     samplers = list(info.calls_to("DistributedSampler"))
     if not samplers or any(True for _ in info.method_calls("set_epoch")):
@@ -217,7 +217,7 @@ def _constant_number(info: ScriptInfo, expr: ast.AST, scope_node: ast.AST | None
 
 @rule("DT005", "lr-scaling",
       "learning rate not scaled with the world size (checklist: lr = base_lr * world_size)",
-      "Scale it: `lr = base_lr * dist.get_world_size()` (linear scaling, seed 000 §7.2; add "
+      "Scale it: `lr = base_lr * dist.get_world_size()` (linear scaling, deployment guide §7.2; add "
       "warmup for large world sizes), or keep the global batch fixed; if this lr was tuned "
       "for this world size, say so with `# disttrain: ignore[DT005]`.")
 def dt005(info: ScriptInfo) -> Iterator[Hit]:

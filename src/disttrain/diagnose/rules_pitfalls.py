@@ -94,7 +94,7 @@ def dt014(info: ScriptInfo) -> Iterator[Hit]:
             continue
         if key == "MASTER_PORT":
             yield (node, f"hard-codes MASTER_PORT={value.value!r}: two jobs on one node then "
-                         f"collide (Address already in use, seed 000 §8.3), and it overrides "
+                         f"collide (Address already in use, deployment guide §8.3), and it overrides "
                          f"what torchrun or the pod spec sets", None)
         elif key == "MASTER_ADDR" and not spawn:
             yield (node, f"hard-codes MASTER_ADDR={value.value!r}, overriding the address "

@@ -79,7 +79,7 @@ class TrainSpec(StrictModel):
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     lr: float = Field(0.001, gt=0, description="base learning rate (before lr_scaling)")
     lr_scaling: Literal["linear", "sqrt", "none"] = Field(
-        "linear", description="scale lr with global batch / batch_size (seed 000 §7.2)"
+        "linear", description="scale lr with global batch / batch_size (deployment guide §7.2)"
     )
     warmup_steps: int = Field(0, ge=0, description="linear LR warm-up in optimizer steps")
     optimizer: Literal["adam", "sgd"] = Field("adam", description="optimizer")

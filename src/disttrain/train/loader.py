@@ -1,4 +1,9 @@
-"""This rank's batches: a DistributedSampler-ordered loader over in-memory tensors.
+"""This rank's batches, in DistributedSampler order, resumable mid-epoch by a batch counter.
+
+ShardedLoader gathers batches from in-memory tensors (the built-in workloads: no per-sample
+__getitem__ or collate, which cost more than a small model's step); DatasetLoader reads any
+map-style Dataset through a DataLoader (a user's task). Both yield the same batches for the
+same data, and `skip` resumes either in O(1): no batch is replayed.
 
     loader = ShardedLoader(data.train_x, data.train_y, batch_size=32, rank=0, world_size=2)
     loader.set_epoch(epoch)            # a new shuffle each epoch, the same on every rank
@@ -15,10 +20,11 @@ scored once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from disttrain.distributed.process import rank_seed
 
@@ -60,7 +66,31 @@ class _Batches(torch.utils.data.Dataset):
         return self.loader.make_batch(self.order, b, self.epoch)
 
 
-class ShardedLoader:
+class SampledLoader:
+    """A rank's batches in DistributedSampler order: the RankLoader protocol the Trainer
+    drives (`set_epoch`, `len`, `batch_len`, `skip` = batches of this epoch already done)."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, rank: int, world_size: int,
+                 shuffle: bool, seed: int, drop_last: bool):
+        self.batch_size, self.rank, self.seed = batch_size, rank, seed
+        self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                          shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.epoch = 0
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.batch_size)
+
+    def batch_len(self, i: int) -> int:
+        """Samples in batch `i` of an epoch (all full but possibly the last)."""
+        return min(self.batch_size, len(self.sampler) - i * self.batch_size)
+
+
+class ShardedLoader(SampledLoader):
     """This rank's batches in DistributedSampler order, one tensor gather per batch.
 
     Yields exactly what `DataLoader(TensorDataset(x, y), batch_size, sampler=
@@ -76,24 +106,9 @@ class ShardedLoader:
                  world_size: int = 1, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, num_workers: int = 0,
                  transform: Transform | None = None):
-        self.x, self.y, self.batch_size = x, y, batch_size
-        self.rank, self.seed, self.num_workers, self.transform = rank, seed, num_workers, transform
-        self.sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world_size,
-                                          rank=rank, shuffle=shuffle, seed=seed,
-                                          drop_last=drop_last)
-        self.epoch = 0
-        self.skip = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.sampler.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return -(-len(self.sampler) // self.batch_size)
-
-    def batch_len(self, i: int) -> int:
-        """Samples in batch `i` of an epoch (all full but possibly the last)."""
-        return min(self.batch_size, len(self.sampler) - i * self.batch_size)
+        super().__init__(TensorDataset(x, y), batch_size, rank, world_size, shuffle, seed, drop_last)
+        self.x, self.y = x, y
+        self.num_workers, self.transform = num_workers, transform
 
     def make_batch(self, order: torch.Tensor, b: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = order[b * self.batch_size:(b + 1) * self.batch_size]
@@ -116,6 +131,44 @@ class ShardedLoader:
         loader = DataLoader(_Batches(self, order, self.epoch), batch_size=None,
                             sampler=range(start, len(self)), num_workers=self.num_workers,
                             worker_init_fn=seed_worker, generator=g)
+        yield from loader
+
+
+class _ResumableBatches(Sampler[list[int]]):
+    """Batches of indices in DistributedSampler order, from batch `start` on."""
+
+    def __init__(self, order: list[int], batch_size: int, start: int):
+        self.order, self.batch_size, self.start = order, batch_size, start
+
+    def __len__(self) -> int:
+        return max(0, -(-len(self.order) // self.batch_size) - self.start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        bs = self.batch_size
+        for b in range(self.start, -(-len(self.order) // bs)):
+            yield self.order[b * bs:(b + 1) * bs]
+
+
+class DatasetLoader(SampledLoader):
+    """This rank's batches of any map-style dataset, through a DataLoader (workers, pinned
+    memory, the task's collate_fn); a TensorDataset gives ShardedLoader's batches exactly."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = False,
+                 collate_fn: Callable[[list[Any]], Any] | None = None, num_workers: int = 0,
+                 pin_memory: bool = False, worker_init_fn: Callable[[int], None] | None = None):
+        super().__init__(dataset, batch_size, rank, world_size, shuffle, seed, drop_last)
+        self.dataset, self.collate_fn = dataset, collate_fn
+        self.num_workers, self.pin_memory, self.worker_init_fn = num_workers, pin_memory, worker_init_fn
+
+    def __iter__(self) -> Iterator[Any]:
+        start, self.skip = self.skip, 0
+        batches = _ResumableBatches(list(self.sampler), self.batch_size, start)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rank * 10_007 + self.epoch)
+        loader = DataLoader(self.dataset, batch_sampler=batches, collate_fn=self.collate_fn,
+                            num_workers=self.num_workers, pin_memory=self.pin_memory,
+                            worker_init_fn=self.worker_init_fn, generator=g,
+                            persistent_workers=False)
         yield from loader
 
 

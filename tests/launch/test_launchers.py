@@ -19,7 +19,7 @@ import pytest
 from disttrain.launch.ports import free_port
 from tests.conftest import DISTTRAIN, run_cli
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 JOB = ("--epochs", "1", "--max-steps", "8", "--checkpoint-every-epochs", "0",
        "--warmup-steps", "3")

@@ -10,7 +10,7 @@ from torch import nn
 from disttrain.distributed.sync_check import check_in_sync, reference
 from disttrain.testing import run_ranks, setup_for_test
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def _model() -> nn.Module:

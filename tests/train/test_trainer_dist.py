@@ -13,7 +13,7 @@ from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 from disttrain.train.loader import ShardedLoader
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def test_shards_are_disjoint_and_reshuffled_each_epoch():

@@ -22,7 +22,7 @@ import pytest
 
 from disttrain.spec.job import JobSpec
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_stray_workers")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("no_stray_workers")]
 TIMEOUT_S = 6  # the job's stall timeout: collectives time out 2 s later (grace)
 RUN_WAIT_S = 120  # the whole torchrun subprocess
 

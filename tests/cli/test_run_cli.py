@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _summary(run_dir: Path) -> dict:

@@ -23,7 +23,7 @@ import torch
 from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),

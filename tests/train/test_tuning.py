@@ -15,7 +15,7 @@ import pytest
 from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SHORT = {"epochs": 1, "max_steps": 5, "checkpoint_every_epochs": 0}
 LEARN = {"epochs": 3, "checkpoint_every_epochs": 0}

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_stray_workers")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.usefixtures("no_stray_workers")]
 
 # 2 epochs of digits on 2 ranks = 46 optimizer steps (23 per epoch); checkpoints at
 # steps 10, 20, 23 (epoch end), 30, 40, 46; the newest two are kept.
