@@ -14,7 +14,9 @@ as `disttrain run --example synthetic`: SimpleNet 784-512-10, batch 64 per proce
 Measured as docs/performance.md describes: samples_per_s = global samples of the `--steps`
 steps after `--warmup` steps / their duration on rank 0; first_step_s = start of the
 launcher's process (torchrun, this worker's parent, read from /proc) -> end of the first
-optimizer step, the measure disttrain's summary.json calls first_step_s.
+optimizer step, the measure disttrain's summary.json calls first_step_s. `loss_curve` is
+[step, loss averaged over ranks] every `--log-every` steps (reduced once at the end), the
+curve the Trainer writes to metrics.jsonl.
 
 `--loader dataloader` (default) is the usual DataLoader over a TensorDataset;
 `--loader index` takes each batch by indexing in DistributedSampler's order (what
@@ -90,6 +92,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     p.add_argument("--loader", default="dataloader", choices=["dataloader", "index"])
+    p.add_argument("--log-every", type=int, default=10, help="steps between loss_curve points")
     p.add_argument("--out", help="write the figures as JSON here (rank 0)")
     args = p.parse_args()
     launched = "TORCHELASTIC_RUN_ID" in os.environ
@@ -110,6 +113,7 @@ def main() -> None:
 
     total = args.warmup + args.steps
     step, epoch, samples, losses, step_s = 0, 0, 0, [], []
+    curve: list[tuple[int, torch.Tensor]] = []
     first_step_s = None
     t_window = time.perf_counter()
     faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -133,6 +137,8 @@ def main() -> None:
                 step_s.append(time.perf_counter() - t0)
             if step > total - 10:
                 losses.append(loss.item())
+            if step % args.log_every == 0:
+                curve.append((step, loss.detach()))
             if step == total:
                 break
         epoch += 1
@@ -147,6 +153,9 @@ def main() -> None:
     dist.all_gather_object(hashes, digest.hexdigest())
     final = torch.tensor([sum(losses) / max(len(losses), 1)], device=device)
     dist.all_reduce(final)
+    points = torch.stack([v for _, v in curve]) if curve else torch.zeros(0, device=device)
+    dist.all_reduce(points)
+    points /= world
     if rank == 0:
         result = {
             "samples_per_s": samples / window, "steps": args.steps, "warmup": args.warmup,
@@ -157,8 +166,9 @@ def main() -> None:
             "minflt_per_step": faults / max(args.steps, 1),
             "final_loss": final.item() / world, "params_in_sync": len(set(hashes)) == 1,
             "params_sha256": hashes[0], "torch": torch.__version__,
+            "loss_curve": [[s, v] for (s, _), v in zip(curve, points.tolist())],
         }
-        print(json.dumps(result), flush=True)
+        print(json.dumps({k: v for k, v in result.items() if k != "loss_curve"}), flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)

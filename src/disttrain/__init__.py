@@ -4,6 +4,9 @@
     with setup() as rt:                             # reads torchrun's env
         summary = build_trainer(JobSpec(), rt).fit()
 
+    from disttrain import TrainTask, fit            # your own model, data and loss
+    summary = fit(TrainTask(model=MyNet(), train_data=ds, loss_fn=nn.CrossEntropyLoss()))
+
 Heavy names (anything that imports torch) load on first use, so the CLI answers
 `--help` and bad-flag errors without importing torch. The folders under this package
 are mapped in docs/architecture.md.
@@ -23,6 +26,9 @@ _LAZY = {
     "DisttrainError": "disttrain.errors",
     "Trainer": "disttrain.train.trainer",
     "build_trainer": "disttrain.train.build",
+    "TrainTask": "disttrain.train.task",
+    "TaskError": "disttrain.train.task",
+    "fit": "disttrain.train.fit",
     "setup": "disttrain.distributed.runtime",
     "Runtime": "disttrain.distributed.runtime",
     "wrap": "disttrain.distributed.strategies",

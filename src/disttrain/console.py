@@ -86,6 +86,9 @@ class EpochTable:
         else:
             verdict = f"parameters identical on all {n} ranks: NO (ranks diverged)"
         self._print(f"{verdict} (sha256 {str(summary.get('params_sha256'))[:16]}...)")
-        self._print(f"test accuracy {_fmt(summary.get('test_accuracy'), '.4f')} | "
-                    f"{_fmt(summary.get('samples_per_s'), ',.0f')} samples/s | "
+        if summary.get("test_accuracy") is not None or not summary.get("eval"):
+            result = f"test accuracy {_fmt(summary.get('test_accuracy'), '.4f')}"
+        else:   # a task without an accuracy metric: its eval loss and metrics
+            result = "eval " + ", ".join(f"{k} {_fmt(v, '.4f')}" for k, v in summary["eval"].items())
+        self._print(f"{result} | {_fmt(summary.get('samples_per_s'), ',.0f')} samples/s | "
                     f"run dir {summary.get('run_dir')}")

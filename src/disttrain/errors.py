@@ -24,6 +24,10 @@ class CodeError(SpecError):
     """Code that cannot be shipped to a pod; the message names the field and the fix."""
 
 
+class TorchVersionError(SpecError):
+    """A job that needs a newer torch than the one it would run on; names the feature."""
+
+
 class LintError(DisttrainError):
     """A script that cannot be read or parsed; the message names the file (and line)."""
 

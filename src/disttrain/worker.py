@@ -1,4 +1,4 @@
-"""One rank of the built-in job: `python -m disttrain.worker --spec job.yaml`.
+"""One rank of the built-in job or a TrainTask: `python -m disttrain.worker --spec job.yaml`.
 
 torchrun (locally through `disttrain run`, or in a pod) starts one of these per rank with
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* set; `run_worker` is the same thing as a
@@ -18,9 +18,11 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from disttrain import envvars
+from disttrain.distributed.torch_compat import check_torch, running_torch
 from disttrain.errors import SpecError
 from disttrain.spec.job import JobSpec
 
@@ -77,11 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = JobSpec.from_yaml(args.spec)
+        # A pod runs the image's torch: a feature that needs a newer one is named here,
+        # before any rank builds the model (disttrain.distributed.torch_compat).
+        check_torch(spec, running_torch())
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    with _rank0_watchdog(spec.launch.timeout_s):
-        run_recorded(run_worker, spec.model_dump())
+    if spec.task and not spec.task_dir:  # a hand-written spec: its folder, as `disttrain run` sets
+        spec.task_dir = str(Path(args.spec).resolve().parent)
+    from disttrain.train.task import TaskError
+
+    try:
+        with _rank0_watchdog(spec.launch.timeout_s):
+            run_recorded(run_worker, spec.model_dump())
+    except TaskError as exc:
+        # The user's task (a factory that raised, a bad batch or loss): the message says
+        # what to fix, and @record has put it in torchrun's error file; a traceback of
+        # disttrain's frames would only bury it.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

@@ -123,3 +123,130 @@ def test_overhead_without_plain_script_exit_2(tmp_path, monkeypatch):
     res = CliRunner().invoke(bench, ["overhead", "--plain-script", str(tmp_path / "none.py")])
     assert res.exit_code == 2 and "--plain-script" in res.output
     assert not (tmp_path / "runs").exists(), "nothing may be written on bad input"
+
+
+# -- chargpt and --task: a TrainTask beside benchmarks/plain_chargpt.py ---------------------
+@pytest.mark.parametrize("verb, args, says", [
+    ("overhead", ["--example", "chargpt", "--task", "t:make_task"], "--task: give --example chargpt"),
+    ("scaling", ["--task-args", "{}"], "--task-args"),
+    ("overhead", ["--task", "disttrain.examples.chargpt:make_task", "--task-args", "{x"], "not JSON"),
+    ("overhead", ["--task", "disttrain.examples.chargpt:make_task", "--task-args", "[1]"],
+     "a JSON object"),
+    ("scaling", ["--task", "no_such_task_module:make_task"], "no module 'no_such_task_module'"),
+    ("overhead", ["--task", "disttrain.examples.chargpt:no_such_fn"], "has no 'no_such_fn'"),
+    ("overhead", ["--task", "not a reference"], "module:function"),
+    ("overhead", ["--example", "chargpt", "--plain-loader", "index"], "--plain-loader index"),
+    ("scaling", ["--example", "chargpt", "--num-samples", "512"], "--num-samples"),
+    ("overhead", ["--task", "disttrain.examples.chargpt:make_task", "--num-samples", "512"],
+     "--num-samples"),
+    ("overhead", ["--example", "digits"], "--example"),
+])
+def test_bad_workload_combinations_exit_2_and_write_nothing(tmp_path, monkeypatch, verb, args, says):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(bench, [verb, *args])
+    assert res.exit_code == 2, res.output
+    assert says in res.output
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "runs").exists(), "nothing may be written on bad input"
+
+
+def test_both_sides_get_the_same_task_window_and_optimizer(tmp_path):
+    b = training.TrainBench(workload="task", task="mytask:make_task", task_args={"hidden": 8},
+                            steps=30, warmup=10, batch_size=16)
+    trainer = training.trainer_argv(b, 2, tmp_path / "t")
+    plain = training.plain_argv(b, 2, tmp_path / "plain_chargpt.py", tmp_path / "p.json", "dataloader")
+
+    def flag(argv, name):
+        return argv[argv.index(name) + 1]
+
+    assert flag(trainer, "--task") == flag(plain, "--task") == "mytask:make_task"
+    assert json.loads(flag(trainer, "--task-args")) == json.loads(flag(plain, "--task-args")) == {"hidden": 8}
+    assert "--example" not in trainer and "--loader" not in plain
+    assert flag(trainer, "--max-steps") == "40"
+    assert (flag(plain, "--steps"), flag(plain, "--warmup")) == ("30", "10")
+    assert flag(trainer, "--lr") == flag(plain, "--lr") == "0.001" and flag(trainer, "--lr-scaling") == "none"
+    assert flag(trainer, "--optimizer") == flag(plain, "--optimizer") == "adam"
+    assert flag(trainer, "--log-every-steps") == flag(plain, "--log-every") == "10"
+    assert flag(trainer, "--batch-size") == flag(plain, "--batch-size") == "16"
+    chargpt = training.TrainBench(workload="chargpt")
+    assert training.trainer_argv(chargpt, 1, tmp_path)[4:6] == ["--example", "chargpt"]
+    assert chargpt.task_ref == "disttrain.examples.chargpt:make_task"
+    assert chargpt.plain_script_name == "plain_chargpt.py"
+    assert training.TrainBench().plain_script_name == "plain_ddp.py"
+    assert training.TrainBench().task_ref is None
+
+
+def test_train_curve_averages_the_ranks(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"split": "train", "rank": 0, "step": 10, "loss": 2.0},
+            {"split": "train", "rank": 1, "step": 10, "loss": 3.0},
+            {"split": "eval", "rank": -1, "step": 10, "loss": 9.0},
+            {"split": "train", "rank": 0, "step": 20, "loss": 1.0},
+            {"split": "train", "rank": 1, "step": 20, "loss": 1.5}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert training.train_curve(metrics) == [[10, 2.5], [20, 1.25]]
+
+
+def test_curves_agree_on_their_later_half_level():
+    plain = [[s, 4.0 - s / 100] for s in range(10, 110, 10)]
+    same = [[s, v + (0.01 if s % 20 else -0.01)] for s, v in plain]   # rounding-level wiggle
+    got = training.compare_curves(same, plain, warmup=10)
+    assert got["agree"] is True and got["points"] == 9
+    assert got["max_gap"] == pytest.approx(0.01)
+    higher = [[s, v * 1.05] for s, v in plain]                           # 5 % worse: a real gap
+    got = training.compare_curves(higher, plain, warmup=10)
+    assert got["agree"] is False and got["late_gap"] > 0
+    # only the steps both logged after the warm-up count
+    assert training.compare_curves([[5, 1.0]], [[5, 1.0]], warmup=10)["agree"] is None
+
+
+@pytest.mark.slow
+def test_overhead_chargpt_curves_agree(tmp_path):
+    res = CliRunner().invoke(bench, ["overhead", "--example", "chargpt", "--steps", "10", "--warmup", "10",
+                                     "--rounds", "1", "--json", "--run-dir", str(tmp_path / "ov")])
+    assert res.exit_code == 0, res.output
+    objs = _json_lines(res.output)
+    row, summary = objs[0], objs[-1]["summary"]
+    assert row["ratio"] == pytest.approx(row["trainer_samples_per_s"] / row["plain_samples_per_s"])
+    assert row["trainer_params_in_sync"] is True and row["plain_params_in_sync"] is True
+    # the same batches from the same weights: the curves are the same up to float rounding
+    assert row["curve_points"] == 1 and row["curves_agree"] is True
+    assert row["curve_max_gap"] < 1e-3
+    assert row["trainer_eval_loss"] == pytest.approx(row["plain_eval_loss"], abs=1e-3)
+    assert summary["workload"] == "chargpt" and summary["curves_agree"] is True
+    plain = json.loads((tmp_path / "ov" / "runs" / "plain-r0.json").read_text())
+    assert plain["task"] == "disttrain.examples.chargpt:make_task" and plain["world_size"] == 2
+    assert [s for s, _ in plain["loss_curve"]] == [10, 20]
+
+
+TASK_MODULE = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from disttrain.train.task import TrainTask
+
+
+def make_task(hidden: int = 16) -> TrainTask:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 8, generator=g)
+    y = (x[:, 0] > 0).long()
+    return TrainTask(model=lambda: nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2)),
+                     train_data=TensorDataset(x, y), loss_fn=nn.CrossEntropyLoss())
+'''
+
+
+@pytest.mark.slow
+def test_overhead_of_a_user_task_runs_its_loss_fn_on_both_sides(tmp_path, monkeypatch):
+    (tmp_path / "t_bench_task.py").write_text(TASK_MODULE)
+    monkeypatch.chdir(tmp_path)  # the task is found in the current folder, as `disttrain run --task`
+    res = CliRunner().invoke(bench, ["overhead", "--task", "t_bench_task:make_task", "--task-args",
+                                     '{"hidden": 8}', "--steps", "10", "--warmup", "10", "--rounds", "1",
+                                     "--json", "--run-dir", str(tmp_path / "ov")])
+    assert res.exit_code == 0, res.output
+    row, summary = _json_lines(res.output)[0], _json_lines(res.output)[-1]["summary"]
+    assert row["trainer_params_in_sync"] is True and row["plain_params_in_sync"] is True
+    assert row["curves_agree"] is True and row["curve_max_gap"] < 1e-3
+    assert summary["workload"] == "t_bench_task:make_task"
+    saved = json.loads((tmp_path / "ov" / "results.json").read_text())
+    assert saved["settings"]["task_args"] == {"hidden": 8}
+    assert saved["settings"]["plain_script"].endswith("plain_chargpt.py")

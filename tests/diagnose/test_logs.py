@@ -327,7 +327,8 @@ def test_doctor_logs_cli_reads_a_run_logs_folder(tmp_path: Path) -> None:
 
 def test_failed_ranks_leave_out_the_ranks_torchrun_stopped() -> None:
     from disttrain.cli.run_cmd import _failed_ranks
+    from disttrain.launch.result import RankFailure
 
-    failures = {0: {"exitcode": -15}, 1: {"exitcode": 3}, 2: {"exitcode": -15}}
+    failures = {0: RankFailure(exitcode=-15), 1: RankFailure(exitcode=3), 2: RankFailure(exitcode=-15)}
     assert _failed_ranks(failures) == [1]
-    assert _failed_ranks({0: {"exitcode": -15}}) == [0]   # only stopped ranks: say them
+    assert _failed_ranks({0: RankFailure(exitcode=-15)}) == [0]   # only stopped ranks: say them

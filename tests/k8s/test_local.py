@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from disttrain.k8s import local
 from disttrain.k8s.render import render
@@ -33,6 +34,7 @@ def _can_netns() -> str | None:
     return None if done.returncode == 0 else "`ip netns` does not work here"
 
 
+TASK_DATA = Path(__file__).parent / "data" / "task"
 NETNS_SKIP = _can_netns()
 netns = pytest.mark.skipif(NETNS_SKIP is not None, reason=NETNS_SKIP or "")
 
@@ -94,6 +96,26 @@ def test_paths_map_to_local_folders() -> None:
     assert local.map_path("train.py", mapping) == "train.py"
 
 
+def test_a_pods_task_dir_is_the_local_folder_of_its_code_mount(workdir: Path, tmp_path: Path) -> None:
+    """The shipped job.yaml says task_dir: /workspace, the container's path; run-local
+    points it at the folder that stands in for that mount, where the shipped files are."""
+    shutil.copytree(TASK_DATA, workdir, dirs_exist_ok=True)
+    spec = local.local_spec(JobSpec.from_dict({
+        "task": "mytask:make_task", "task_dir": str(workdir),
+        "launch": {"nnodes": 2, "nproc_per_node": 1}, "cluster": {"kind": "job"}}), workdir)
+    objects = render(spec, workdir, local=True).objects
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    pod = local.local_pods(objects, spec)[1]
+    mapping = local._Files(tmp_path / "root", configmaps).prepare(pod)
+    shipped = yaml.safe_load(Path(mapping["/etc/disttrain/job.yaml"]).read_text())
+    code = Path(shipped["task_dir"])
+    assert code == Path(mapping["/workspace"]) and code != workdir
+    for rel in ("mytask.py", "helpers.py", "blocks/mlp.py"):
+        assert (code / rel).read_bytes() == (workdir / rel).read_bytes()
+    assert not (code / "unrelated.py").exists()
+    assert JobSpec.from_dict(shipped).task == "mytask:make_task"
+
+
 def test_without_root_it_says_why(cli: Any, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     result = cli("k8s", "run-local", "--kind", "job", "--nnodes", "2")
@@ -130,6 +152,28 @@ def test_run_local_trains_the_default_job_on_two_emulated_hosts(cli: Any, workdi
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2
     assert summary["test_accuracy"] >= 0.95
+    assert summary["params_in_sync"] is True
+    assert _leftovers(f"dt{os.getpid()}") == []
+
+
+@netns
+@pytest.mark.netns
+@pytest.mark.timeout(600)
+def test_run_local_trains_a_task_from_its_shipped_code(cli: Any, workdir: Path) -> None:
+    """tests/k8s/data/task as a 2-pod Indexed Job: every pod imports the ConfigMap's copy
+    of the task (not the folder it was rendered from) and the ranks end in sync."""
+    shutil.copytree(TASK_DATA, workdir, dirs_exist_ok=True)
+    run_dir = workdir / "run"
+    result = cli("k8s", "run-local", "-f", "job.yaml", "--gpus", "0", "--backend", "gloo",
+                 "--run-dir", str(run_dir), "--timeout", "540")
+    assert result.code == 0, result.out[-3000:] + result.err[-3000:]
+    imported = {line.split("task module: ")[1] for line in result.out.splitlines()
+                if "task module: " in line}
+    assert len(imported) == 2, result.out[-3000:]  # one copy per pod
+    assert all("disttrain-run-local-" in path and not path.startswith(str(workdir))
+               for path in imported)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 3
     assert summary["params_in_sync"] is True
     assert _leftovers(f"dt{os.getpid()}") == []
 

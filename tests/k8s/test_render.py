@@ -289,7 +289,7 @@ def test_builtin_job_ships_its_spec_and_says_what_the_image_needs(code_dir: Path
             "readOnly": True} in ctr["volumeMounts"]
     assert pod["metadata"]["labels"]["disttrain.io/needs-disttrain"] == "true"
     assert "disttrain" in pod["metadata"]["annotations"]["disttrain.io/image-needs"]
-    assert "image needs: torch and disttrain" in to_yaml([pod])
+    assert "image needs: torch >= 2.1 and disttrain (built-in job" in to_yaml([pod])
 
 
 def test_builtin_job_with_hostpath_code_gets_the_spec_from_a_configmap(code_dir: Path) -> None:
@@ -304,9 +304,10 @@ def test_install_disttrain_at_start_from_a_plain_http_mirror(code_dir: Path) -> 
     _cm, pod = _render("pod-builtin-install", code_dir).objects
     cmd = pod["spec"]["containers"][0]["command"]
     assert cmd[:2] == ["sh", "-c"]
-    assert cmd[2].startswith("python -m pip install --no-cache-dir --index-url "
-                             "http://10.0.0.5:3141/root/pypi --trusted-host 10.0.0.5 "
-                             "disttrain==0.1.0 && exec torchrun ")
+    assert cmd[2].startswith("python -c ")
+    assert (" > /tmp/disttrain-constraints.txt && python -m pip install --no-cache-dir -c "
+            "/tmp/disttrain-constraints.txt --index-url http://10.0.0.5:3141/root/pypi "
+            "--trusted-host 10.0.0.5 disttrain==0.1.0 && exec torchrun ") in cmd[2]
     assert "pip-installed at start from http://10.0.0.5:3141" in pod["metadata"]["annotations"][
         "disttrain.io/image-needs"]
 

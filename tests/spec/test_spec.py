@@ -201,3 +201,83 @@ def test_spec_and_rules_import_no_torch():
     code = ("import sys, disttrain.spec.rules, disttrain.spec.paths, disttrain.spec.job; "
             "assert 'torch' not in sys.modules, 'spec imports torch'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# -- task: the user's TrainTask (issue 13) ---------------------------------------------------
+@pytest.mark.parametrize(("data", "needle"), [
+    ({"task": "mytask:make_task", "script": "train.py"},
+     "job.yaml: task: give either 'task' (a TrainTask the built-in Trainer trains) or 'script'"),
+    ({"task": "mytask:make_task", "example": "digits"},
+     "job.yaml: task: give either 'task' (your TrainTask) or 'example' (a built-in job), not both"),
+    ({"task_args": {"hidden": 256}}, "job.yaml: task_args: they are the arguments of a task's function; "
+                                     "set 'task' (--task module:function) too"),
+    ({"task": "mytask"},
+     "job.yaml: task: write it as module:function (e.g. mytask:make_task) (got 'mytask')"),
+    ({"task": "my-task:make"}, "job.yaml: task: 'my-task' is not an importable module name"),
+    ({"task": "mytask:make-task"}, "job.yaml: task: write it as module:function"),
+    ({"task": "m:f", "task_args": {"hidden": float("inf")}}, "task_args: hidden: must be a finite number"),
+    ({"task": "m:f", "task_args": {"x": [1, {"y": float("nan")}]}}, "task_args: x: must be a finite number"),
+    ({"task": "m:f", "task_args": {"x": "a\x00b"}}, "task_args: must not contain a NUL character"),
+    ({"task": "m:f", "task_args": {"2x": 1}}, "task_args: '2x' is not a keyword argument name"),
+    ({"task": "m:f", "task_args": [1, 2]}, "task_args: Input should be a valid dictionary"),
+    ({"task": "m:f", "train": {"strategy": "dp", "sync_batchnorm": True}},
+     "train.sync_batchnorm: SyncBatchNorm syncs the statistics of one process per GPU"),
+    # the built-in Trainer trains a task, so the train-only rules hold for it too
+    ({"task": "m:f", "train": {"strategy": "fsdp", "comm_hook": "powersgd"}},
+     "train.comm_hook: powersgd is a DDP comm hook"),
+    ({"task": "m:f", "train": {"strategy": "dp"}, "launch": {"nproc_per_node": 2}},
+     "launch.nproc_per_node: strategy dp runs ONE process"),
+])
+def test_bad_task_fields_name_the_field(data, needle):
+    with pytest.raises(SpecError) as err:
+        JobSpec.from_dict(data, source="job.yaml")
+    assert needle in str(err.value)
+
+
+def test_task_spec_roundtrips_and_is_a_task_workload(tmp_path):
+    import datetime
+
+    spec = JobSpec.from_dict({"task": "tasks/my.py:make_task",
+                              "task_args": {"hidden": 256, "sizes": [1, 2.5], "opts": {"a": None}},
+                              "train": {"sync_batchnorm": True}})
+    assert spec.workload == "task" and spec.train.sync_batchnorm is True
+    f = tmp_path / "job.yaml"
+    f.write_text(spec.to_yaml())
+    assert JobSpec.from_yaml(f) == spec
+    assert JobSpec().workload == "digits" and JobSpec(script="a.py").workload == "script"
+    assert JobSpec(example="mnist").workload == "mnist" and JobSpec().train.sync_batchnorm is False
+    with pytest.raises(SpecError, match=r"task_args: d: must be a YAML/JSON value .* got date"):
+        JobSpec.from_dict({"task": "m:f", "task_args": {"d": datetime.date(2024, 2, 1)}})
+
+
+def test_task_syntax_check_is_the_loaders():
+    """The spec's check and `train.task.parse_reference` accept and refuse the same refs."""
+    from disttrain.spec.fields import parse_task_reference
+    from disttrain.train.task import TaskError, parse_reference
+
+    assert parse_task_reference("tasks/my.py:make") == parse_reference("tasks/my.py:make")
+    assert parse_task_reference("tasks/my.py:make") == ("tasks.my", "make")
+    assert parse_task_reference("pkg.mod:f") == ("pkg.mod", "f")
+    for bad in ("nocolon", ":f", "m:", "m:1f", "a-b:f", "m:f.g"):
+        with pytest.raises(ValueError):
+            parse_task_reference(bad)
+        with pytest.raises(TaskError, match=re.escape(f"task {bad!r}: ")):
+            parse_reference(bad)
+
+
+def test_task_flags_are_generated():
+    """--task, --task-args (a YAML/JSON mapping) and --sync-batchnorm come from the fields;
+    task_dir is the CLI's to set, not a flag."""
+    from click.testing import CliRunner
+
+    from disttrain.cli.options import YamlValue, collect_overrides
+    from disttrain.cli.run_cmd import run
+
+    assert YamlValue().convert('{"hidden": 256}', None, None) == {"hidden": 256}
+    assert YamlValue().convert("{hidden: 256, sizes: [1, 2]}", None, None) == {"hidden": 256, "sizes": [1, 2]}
+
+    kwargs = {"task": "m:f", "task_args": {"hidden": 256}, "sync_batchnorm": True, "epochs": None}
+    assert collect_overrides(kwargs) == {"task": "m:f", "task_args": {"hidden": 256}, "sync_batchnorm": True}
+    help_text = CliRunner().invoke(run, ["--help"]).output
+    assert "--task TEXT" in help_text and "--task-args YAML" in help_text
+    assert "--sync-batchnorm / --no-sync-batchnorm" in help_text and "--task-dir" not in help_text

@@ -58,10 +58,11 @@ def _train_digits(world_batch: int, run_dir: str, single: bool = False):
         summary = trainer.fit()
         ev = trainer.evaluate()
         net = unwrap(trainer.model)
+        test_x, test_y = trainer.task.eval_data.tensors
         with torch.no_grad():
-            out = net(trainer.test_x)
-            full = (torch.nn.functional.cross_entropy(out, trainer.test_y).item(),
-                    (out.argmax(1) == trainer.test_y).float().mean().item())
+            out = net(test_x)
+            full = (torch.nn.functional.cross_entropy(out, test_y).item(),
+                    (out.argmax(1) == test_y).float().mean().item())
         params = {k: v.clone() for k, v in net.state_dict().items()}
         return params, ev, full, summary
 
@@ -79,7 +80,8 @@ def test_ddp_two_ranks_equals_one_process_on_same_global_batch(tmp_path):
 def test_eval_is_over_all_ranks_not_rank0_shard(tmp_path):
     results = run_ranks(2, _train_digits, 64, str(tmp_path / "ddp"), timeout_s=120)
     for rank in (0, 1):
-        _, (loss, acc), (full_loss, full_acc), _ = results[rank]
+        _, ev, (full_loss, full_acc), _ = results[rank]
+        loss, acc = ev["loss"], ev["accuracy"]
         assert acc == pytest.approx(full_acc, abs=1e-6)
         assert loss == pytest.approx(full_loss, rel=1e-5)
 

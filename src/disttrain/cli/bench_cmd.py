@@ -2,7 +2,10 @@
 
     disttrain bench allreduce --sizes 4K:256M --json --plot allreduce.png
     disttrain bench scaling --max-procs 2
+    disttrain bench scaling --example chargpt --steps 200
     disttrain bench overhead --rounds 5
+    disttrain bench overhead --example chargpt      # a real model: a small GPT
+    disttrain bench overhead --task mytask:make_task --task-args '{"hidden": 256}'
 
 Every bench writes results.json, results.jsonl and a PNG to a run directory (default
 runs/bench-<kind>-<UTC timestamp>/, or --run-dir) so that runs can be compared over time.
@@ -131,12 +134,17 @@ def _add_train_options(fn: Any, rounds: int) -> Any:
                      help="optimizer steps before the timed window"),
         click.option("--rounds", type=click.IntRange(1), default=rounds, show_default=True,
                      help="interleaved repetitions (medians and min..max are reported)"),
-        click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True,
-                     help="per process"),
+        click.option("--batch-size", type=click.IntRange(1), default=None,
+                     help="per process (default: 64 for the SimpleNet workloads, the spec's 32 for "
+                     "chargpt and --task)"),
         click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
                      help="torch threads per process"),
         click.option("--num-samples", type=click.IntRange(64), default=None,
                      help="data set size (default: the workload's; 60,000 for synthetic)"),
+        click.option("--task", default=None, metavar="MODULE:FUNCTION",
+                     help="benchmark your TrainTask instead of an --example (docs/your-model.md)"),
+        click.option("--task-args", default=None, metavar="JSON",
+                     help="the task function's keyword arguments, a JSON object"),
         click.option("--json", "as_json", is_flag=True, help="JSON objects instead of a table"),
         _run_dir_option,
     ]
@@ -145,12 +153,40 @@ def _add_train_options(fn: Any, rounds: int) -> Any:
     return fn
 
 
-def _train_bench(kw: dict[str, Any], workload: str = "synthetic") -> Any:
-    from disttrain.bench.training import TrainBench
+def _train_bench(kw: dict[str, Any], example: str | None, overhead: bool,
+                 plain_loader: str | None = None) -> Any:
+    """The benchmark's workload from the flags; a combination it cannot run exits 2 here,
+    before anything is started or written."""
+    from disttrain.bench.training import SIMPLENET_PLAIN, TrainBench, check_bench
+    from disttrain.errors import SpecError
 
-    return TrainBench(workload=workload, steps=kw["steps"], warmup=kw["warmup"],
-                      batch_size=kw["batch_size"], threads=kw["threads"],
-                      num_samples=kw["num_samples"])
+    if example and kw["task"]:
+        fail(f"--task: give --example {example} or --task {kw['task']}, not both")
+    if kw["task_args"] is not None and not kw["task"]:
+        fail("--task-args: they are a task function's arguments; give --task MODULE:FUNCTION too")
+    task_args: dict[str, Any] = {}
+    if kw["task_args"] is not None:
+        try:
+            task_args = json.loads(kw["task_args"])
+        except json.JSONDecodeError as exc:
+            fail(f"--task-args: not JSON ({exc.msg} at character {exc.pos}); write e.g. "
+                 f"'{{\"hidden\": 256}}'")
+        if not isinstance(task_args, dict):
+            fail(f"--task-args: a JSON object of keyword arguments, not {type(task_args).__name__}")
+    workload = "task" if kw["task"] else (example or "synthetic")
+    batch = kw["batch_size"] or (64 if workload in (*SIMPLENET_PLAIN, "digits", "seed002") else 32)
+    b = TrainBench(workload=workload, task=kw["task"], task_args=task_args, steps=kw["steps"],
+                   warmup=kw["warmup"], batch_size=batch, threads=kw["threads"],
+                   num_samples=kw["num_samples"])
+    try:
+        check_bench(b, overhead, plain_loader)
+    except SpecError as exc:
+        fail(str(exc))
+    return b
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _log(as_json: bool) -> Any:
@@ -158,18 +194,18 @@ def _log(as_json: bool) -> Any:
 
 
 @bench.command(context_settings=_CTX)
-@click.option("--workload", type=click.Choice(["synthetic", "digits", "seed002"]),
-              default="synthetic", show_default=True, help="built-in job to train")
+@click.option("--example", type=click.Choice(["synthetic", "digits", "seed002", "chargpt"]),
+              default=None, help="built-in job to train (default synthetic)")
 @click.option("--max-procs", type=click.IntRange(1), default=None,
               help="largest process count (default: CPU cores)")
 @_train_options(rounds=3)
-def scaling(workload: str, max_procs: int | None, **kw: Any) -> None:
+def scaling(example: str | None, max_procs: int | None, **kw: Any) -> None:
     """Trainer samples/s at 1..N processes and efficiency = thr(N) / (N x thr(1))."""
     from disttrain.bench.common import new_run_dir, write_results
     from disttrain.bench.training import plot_scaling, run_scaling, settings
     from disttrain.errors import BenchError
 
-    b = _train_bench(kw, workload)
+    b = _train_bench(kw, example, overhead=False)
     n_max = max_procs or len(os.sched_getaffinity(0))
     out = new_run_dir("scaling", kw["run_dir"])
     try:
@@ -192,22 +228,28 @@ def scaling(workload: str, max_procs: int | None, **kw: Any) -> None:
 
 @bench.command(context_settings=_CTX)
 @click.option("--nproc-per-node", "nproc", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--example", type=click.Choice(["synthetic", "chargpt"]), default=None,
+              help="built-in job to train (default synthetic)")
 @click.option("--plain-script", type=click.Path(dir_okay=False), default=None,
-              help="the plain DDP loop (default: benchmarks/plain_ddp.py of the checkout)")
-@click.option("--plain-loader", type=click.Choice(["dataloader", "index"]), default="dataloader",
-              show_default=True, help="the plain loop's data path (the guide's DataLoader, "
-              "or batches by index as the Trainer takes them)")
+              help="the plain DDP loop (default: benchmarks/plain_ddp.py of the checkout, "
+              "plain_chargpt.py for chargpt and --task)")
+@click.option("--plain-loader", type=click.Choice(["dataloader", "index"]), default=None,
+              help="the SimpleNet plain loop's data path: the guide's DataLoader (default), "
+              "or batches by index as the Trainer takes them")
 @_train_options(rounds=5)
-def overhead(nproc: int, plain_script: str | None, plain_loader: str, **kw: Any) -> None:
+def overhead(nproc: int, example: str | None, plain_script: str | None, plain_loader: str | None,
+             **kw: Any) -> None:
     """The Trainer (`disttrain run`) vs a plain hand-written DDP loop (torchrun
-    benchmarks/plain_ddp.py) on the same workload, interleaved: samples/s ratio."""
+    benchmarks/plain_ddp.py, or plain_chargpt.py for a TrainTask) on the same workload,
+    interleaved: samples/s ratio, and whether the two loss curves agree."""
     from disttrain.bench.common import new_run_dir, write_results
     from disttrain.bench.training import find_plain_script, plot_overhead, run_overhead, settings
     from disttrain.errors import BenchError
 
-    b = _train_bench(kw)
+    b = _train_bench(kw, example, overhead=True, plain_loader=plain_loader)
+    plain_loader = plain_loader or "dataloader"
     try:
-        script = find_plain_script(plain_script)
+        script = find_plain_script(plain_script, b.plain_script_name)
     except BenchError as exc:
         fail(str(exc))
     out = new_run_dir("overhead", kw["run_dir"])
@@ -231,4 +273,8 @@ def overhead(nproc: int, plain_script: str | None, plain_loader: str, **kw: Any)
     click.echo(f"medians: Trainer {s['trainer_samples_per_s']:,.0f}, plain "
                f"{s['plain_samples_per_s']:,.0f} samples/s; first step after "
                f"{s['trainer_first_step_s']} s vs {s['plain_first_step_s']} s")
+    if s["curves_agree"] is not None:
+        click.echo(f"loss curves {'agree' if s['curves_agree'] else 'DIFFER'}: final loss Trainer "
+                   f"{_num(s['trainer_final_loss'])}, plain {_num(s['plain_final_loss'])}; the later "
+                   f"half's mean loss differs by at most {_num(s['curve_late_gap_max'])} over the rounds")
     click.echo(f"results: {out}/results.json, plot: {png}")

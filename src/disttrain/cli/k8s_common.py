@@ -51,8 +51,16 @@ def job_args(fn: Any) -> Any:
 
 def load_job(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
              kwargs: dict[str, Any]) -> Any:
-    """The JobSpec of `spec_args`' options (the flags the user gave override the file)."""
-    return load_spec(spec_file, job_overrides(script, script_args, kwargs))
+    """The JobSpec of `spec_args`' options (the flags the user gave override the file).
+
+    A task's module is read from the spec file's folder (a `task_dir` the file gives is
+    relative to it), else the current folder, as `disttrain run` does; the rendered pods get
+    the code mount instead."""
+    spec = load_spec(spec_file, job_overrides(script, script_args, kwargs))
+    if spec.task:
+        base = Path(spec_file).resolve().parent if spec_file else Path.cwd()
+        spec.task_dir = str((base / spec.task_dir).resolve() if spec.task_dir else base)
+    return spec
 
 
 def render_or_fail(spec: Any, *, local: bool = False) -> Any:

@@ -19,7 +19,7 @@ from disttrain.errors import SpecError
 from disttrain.spec.job import field_index
 
 # fields set by the CLI itself, never by a flag
-HIDDEN = {"port_explicit", "script", "args"}
+HIDDEN = {"port_explicit", "script", "args", "task_dir"}
 
 # every verb answers -h as well as --help
 CTX: dict[str, Any] = {"help_option_names": ["-h", "--help"]}

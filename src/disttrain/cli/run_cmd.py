@@ -2,11 +2,16 @@
 
     disttrain run                                   # SimpleNet on digits, DDP, 2 processes
     disttrain run -f job.yaml --epochs 3
+    disttrain run --task mytask:make_task --task-args '{hidden: 256}'   # your TrainTask
     disttrain run train.py --nproc-per-node 2 -- --lr 0.01
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +30,12 @@ from disttrain.cli.options import SpecFile, fail, job_overrides, load_spec, spec
 def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
         dry_run: bool, **kwargs: Any) -> None:
     """Train the built-in job (default: SimpleNet on digits, DDP over 2 processes),
-    the job in a spec file, or SCRIPT under torchrun (arguments after `--`)."""
+    your TrainTask (--task module:function), the job in a spec file, or SCRIPT under
+    torchrun (arguments after `--`)."""
     overrides = job_overrides(script, script_args, kwargs)
     spec = load_spec(spec_file, overrides)
+    if spec.task:
+        spec.task_dir = _task_dir(spec.task_dir, spec_file)
     if not dry_run:
         _prewarm(spec)
     if "master_port" in overrides or _file_sets_port(spec_file):
@@ -59,8 +67,20 @@ def _prewarm(spec: Any) -> None:
         os.environ.setdefault(k, v)
 
     cfg = spec.train
+    if spec.task:  # the task's data is the user's: each worker loads it through the task
+        prewarm_workers()
+        return
     prewarm_workers({"workload": spec.workload, "data_dir": cfg.data_dir,
                      "num_samples": cfg.num_samples, "input_size": cfg.input_size})
+
+
+def _task_dir(given: str | None, spec_file: str | None) -> str:
+    """Where the task's module is looked for first, as an absolute path: the spec file's
+    folder (a `task_dir` the file itself gives is relative to it), else the current folder.
+    It goes into the run dir's job.yaml, so every worker searches the same folder whatever
+    its working directory."""
+    base = Path(spec_file).resolve().parent if spec_file else Path.cwd()
+    return str((base / given).resolve() if given else base)
 
 
 def _file_sets_port(spec_file: str | None) -> bool:
@@ -84,6 +104,8 @@ def _check_inputs(spec: Any) -> None:
     try:
         if spec.script:
             check_readable_file(spec.script, "script ", kind="script")
+        if spec.task:
+            _check_task(spec)
         check_runnable(spec, gpus=local_gpu_count(), world_size=_env_world_size(spec))
     except DistEnvError as exc:
         fail(f"--launcher env: {exc}")
@@ -97,6 +119,17 @@ def _check_inputs(spec: Any) -> None:
             looked = ", ".join(str(p) for p in mnist_candidates(root))
             fail(f"train.data_dir: MNIST IDX files not found in {looked}; put them there, "
                  f"pass --data-dir DIR, or add --download")
+
+
+def _check_task(spec: Any) -> None:
+    """Import the task's module and check `task_args` against its function's signature,
+    as the workers will (the same search path as `build_trainer`), without calling it:
+    a reference that does not resolve exits 2 before the run dir is touched."""
+    import os
+
+    from disttrain.train.task import check_task
+
+    check_task(spec.task, spec.task_args, search=[spec.task_dir or ".", os.getcwd()])
 
 
 def _env_world_size(spec: Any) -> int | None:
@@ -148,21 +181,67 @@ def _run(spec: Any) -> int:
 
     _prepare_run_dir(spec)
     try:
-        result = launch(spec)
+        with _quiet_task_errors():
+            result = launch(spec)
     except LaunchError as exc:
         fail(str(exc))
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     if result.exit_code != 0:
+        task_error = _task_error(result.failures)
+        if task_error is not None:  # every rank raised it: the task's fault, said once
+            fail(task_error)
         _explain_failure(result)
     return result.exit_code
 
 
+# How a TaskError reads in a failure record: "TaskError: ..." from torch's error file (the
+# type's bare name) and the `env` launcher, "disttrain.train.task.TaskError: ..." as the last
+# exception of mp.spawn's traceback text.
+_TASK_ERROR = re.compile(r"^(?:[\w.]*\.)?TaskError: ", re.MULTILINE)
+
+
+def _task_error(failures: dict[int, Any]) -> str | None:
+    """The TaskError's message a worker failed with, from the lowest failed rank's record
+    (rank 0 when it failed), or None when the job failed for another reason."""
+    for rank in sorted(failures):
+        found = _TASK_ERROR.search(getattr(failures[rank], "message", "") or "")
+        if found:
+            return failures[rank].message[found.end():].strip()
+        if not _stopped(failures[rank]):
+            return None  # the first rank that really failed did not fail on the task
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_task_errors() -> Iterator[None]:
+    """Keep torch's elastic agent from logging a worker's TaskError with the traceback of
+    disttrain's frames (it logs the first failed rank's exception): the message, printed
+    once by `_run`, is what the user needs; any other failure is logged as before."""
+    def keep(record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not _TASK_ERROR.search(str(exc))
+
+    agent_log = logging.getLogger(_AGENT_LOGGER)
+    agent_log.addFilter(keep)
+    try:
+        yield
+    finally:
+        agent_log.removeFilter(keep)
+
+
+# the logger of torch's agent that reports a failed worker process with its traceback
+_AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+def _stopped(failure: Any) -> bool:
+    """A rank torchrun stopped (SIGTERM) because another failed."""
+    return getattr(failure, "exitcode", None) == -15
+
+
 def _failed_ranks(failures: dict[int, Any]) -> list[int]:
     """Ranks that failed, not those torchrun then stopped (SIGTERM, exit code -15)."""
-    def stopped(f: Any) -> bool:
-        return isinstance(f, dict) and f.get("exitcode") == -15
-    failed = [r for r, f in failures.items() if not stopped(f)]
+    failed = [r for r, f in failures.items() if not _stopped(f)]
     return sorted(failed or failures)
 
 

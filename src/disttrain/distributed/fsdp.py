@@ -127,8 +127,8 @@ def _mesh(rt: Runtime, sharding: str) -> Any:
 
 
 def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
-              min_params: int = DEFAULT_MIN_PARAMS, reduce_dtype: torch.dtype | None = None
-              ) -> nn.Module:
+              min_params: int = DEFAULT_MIN_PARAMS, reduce_dtype: torch.dtype | None = None,
+              unit_types: tuple[type, ...] | None = None) -> nn.Module:
     """Shard `model` (already on rt.device) over the process group.
 
     Args:
@@ -138,6 +138,8 @@ def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
         min_params: size threshold of an FSDP unit.
         reduce_dtype: dtype gradients are reduced in (bf16/fp16 halve the bytes, the
             FSDP counterpart of DDP's compression hooks); None = the parameters' dtype.
+        unit_types: module classes to make one FSDP unit of per instance (a transformer
+            block: one all-gather per block, freed after its forward); None = by size.
 
     Returns:
         The sharded model (FSDP2: the same object; FSDP1: a wrapper).
@@ -153,17 +155,20 @@ def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
             from torch.distributed._composable.fsdp import MixedPrecisionPolicy  # type: ignore
         mp = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
         reshard = sharding != "none"
-        for unit in size_based_units(model, min_params):
+        units = ([m for m in model.modules() if isinstance(m, unit_types) and m is not model]
+                 if unit_types else size_based_units(model, min_params))
+        for unit in units:
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
         return model
-    return _wrap_fsdp1(model, rt, sharding, min_params, reduce_dtype, mesh)
+    return _wrap_fsdp1(model, rt, sharding, min_params, reduce_dtype, mesh, unit_types)
 
 
 def _wrap_fsdp1(model: nn.Module, rt: Runtime, sharding: str, min_params: int,
-                reduce_dtype: torch.dtype | None, mesh: Any) -> nn.Module:
+                reduce_dtype: torch.dtype | None, mesh: Any,
+                unit_types: tuple[type, ...] | None = None) -> nn.Module:
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
-    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
     strategy = {"full": ShardingStrategy.FULL_SHARD, "hybrid": ShardingStrategy.HYBRID_SHARD,
                 "none": ShardingStrategy.NO_SHARD}[sharding]
@@ -172,9 +177,10 @@ def _wrap_fsdp1(model: nn.Module, rt: Runtime, sharding: str, min_params: int,
         kwargs["device_mesh"] = mesh
     if reduce_dtype is not None:
         kwargs["mixed_precision"] = MixedPrecision(reduce_dtype=reduce_dtype)
+    policy: Any = (ModuleWrapPolicy(set(unit_types)) if unit_types else
+                   functools.partial(size_based_auto_wrap_policy, min_num_params=min_params))
     return FullyShardedDataParallel(
-        model, auto_wrap_policy=functools.partial(size_based_auto_wrap_policy,
-                                                  min_num_params=min_params),
+        model, auto_wrap_policy=policy,
         sharding_strategy=strategy, use_orig_params=True, device_id=rt.device, **kwargs)
 
 

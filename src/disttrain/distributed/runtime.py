@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -166,8 +167,8 @@ def _init_group(backend: str, denv: DistEnv, device: torch.device, timeout_s: fl
                                 timeout=timeout)
         return
     kwargs: dict[str, Any] = {}
-    if backend == "nccl":
-        kwargs["device_id"] = device
+    if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        kwargs["device_id"] = device  # torch >= 2.3; older ones bind the device lazily
     # env:// under torchrun reuses the agent's TCPStore (no second port to bind);
     # an explicit env mapping (tests, the spawn launcher) gets a tcp:// store.
     restart = _agent_store_restart() if from_os_env else None

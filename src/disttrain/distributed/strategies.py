@@ -41,6 +41,9 @@ class WrapOptions:
     find_unused_parameters: bool = False
     fsdp_sharding: str = "full"
     fsdp_min_params: int = 100_000
+    # Module classes FSDP makes one unit of per instance (a task's transformer block); None:
+    # units chosen by size (fsdp_min_params).
+    fsdp_unit_types: tuple[type, ...] | None = None
     # FSDP's counterpart of the fp16/bf16 DDP comm hooks: the dtype gradients are reduced in.
     fsdp_reduce_dtype: torch.dtype | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +127,8 @@ def _wrap_ddp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
 def _wrap_fsdp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
     from disttrain.distributed.fsdp import wrap_fsdp
 
-    return wrap_fsdp(model, rt, opts.fsdp_sharding, opts.fsdp_min_params, opts.fsdp_reduce_dtype)
+    return wrap_fsdp(model, rt, opts.fsdp_sharding, opts.fsdp_min_params, opts.fsdp_reduce_dtype,
+                     unit_types=opts.fsdp_unit_types)
 
 
 def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None = None) -> nn.Module:

@@ -1,47 +1,35 @@
-"""A built-in workload, ready to train: its model and this rank's loaders.
+"""The built-in workloads as TrainTasks, built the same way as any user's task.
 
-    workload = build_workload(spec, rt)      # spec.workload: digits | mnist | synthetic | seed002
-    workload.model, workload.loader, workload.test_x, workload.test_y
+    task = builtin_task(spec, rt)   # spec.workload: digits | mnist | synthetic | seed002 | chargpt
 
-The spec's `example` field names the workload. `train.build.build_trainer` calls this for
-the model and the data and does everything else (strategy, optimizer, schedule, writer)
-itself, the same for any model it is given.
+digits, mnist, synthetic and seed002 are classifiers over in-memory tensors: their data is
+a `TensorDataset` (which the Trainer reads with its fast tensor loader) and their metric
+is `accuracy`; chargpt is a character-level language model (`examples/chargpt.py`).
+Nothing in the Trainer is specific to them (docs/your-model.md).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import nn
+from torch.utils.data import TensorDataset
 
-from disttrain.distributed.process import seed_everything
 from disttrain.distributed.runtime import Runtime
 from disttrain.examples.datasets import TrainTestTensors, is_warm, load_dataset
 from disttrain.examples.models import build_model
 from disttrain.spec.job import JobSpec
-from disttrain.train.loader import ShardedLoader
+from disttrain.train.task import TrainTask
 
-__all__ = ["Workload", "build_workload", "load_splits_local_rank0_first"]
+__all__ = ["accuracy", "builtin_task", "load_splits_local_rank0_first"]
 
 
-@dataclass
-class Workload:
-    """A built-in workload on this rank: the bare model and the data, before any wrapper."""
-
-    name: str
-    model: nn.Module            # seeded the same on every rank, not yet wrapped or sharded
-    loader: ShardedLoader       # this rank's training batches
-    test_x: torch.Tensor        # the whole held-out split (each rank scores its share)
-    test_y: torch.Tensor
-    train_samples: int
-    data_preloaded: bool        # the warm fork server's shared copy of the data
-
-    @property
-    def test_samples(self) -> int:
-        return len(self.test_x)
+def accuracy(outputs: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Correct argmax predictions and the batch's size: summed over every rank's shard,
+    their ratio is the held-out accuracy."""
+    return (outputs.argmax(dim=1) == batch[1]).sum(), len(batch[1])
 
 
 def load_splits_local_rank0_first(rt: Runtime, load: Callable[..., TrainTestTensors],
@@ -79,20 +67,22 @@ def load_splits_local_rank0_first(rt: Runtime, load: Callable[..., TrainTestTens
     return load(download=False)
 
 
-def build_workload(spec: JobSpec, rt: Runtime) -> Workload:
-    """The model and loaders of the built-in workload `spec.workload`, on this rank.
+def builtin_task(spec: JobSpec, rt: Runtime) -> tuple[TrainTask, dict[str, Any]]:
+    """The TrainTask of the built-in workload `spec.workload`, and facts for summary.json
+    (`data_preloaded`: the data is the warm fork server's shared copy)."""
+    if spec.workload == "chargpt":
+        from disttrain.examples.chargpt import make_task
 
-    The seed is set right before the model is made, so every rank starts from the same
-    weights (DDP would broadcast them anyway; FSDP and the sync check need it).
-    """
+        return make_task(), {"data_preloaded": False}
     cfg = spec.train
     load = functools.partial(load_dataset, spec.workload, data_dir=cfg.data_dir,
                              num_samples=cfg.num_samples, input_size=cfg.input_size)
     data = load_splits_local_rank0_first(rt, load, download=cfg.download)
-    seed_everything(cfg.seed)
-    model = build_model(spec.workload, cfg.input_size or data.input_size, cfg.hidden_size,
-                        data.num_classes)
-    loader = ShardedLoader(data.train_x, data.train_y, cfg.batch_size, rt.rank,
-                           rt.world_size, shuffle=True, seed=cfg.seed, num_workers=cfg.num_workers)
-    return Workload(spec.workload, model, loader, data.test_x, data.test_y,
-                    train_samples=len(data.train_x), data_preloaded=is_warm(data))
+    input_size = cfg.input_size or data.input_size
+    task = TrainTask(
+        model=functools.partial(build_model, spec.workload, input_size, cfg.hidden_size,
+                                data.num_classes),
+        train_data=TensorDataset(data.train_x, data.train_y),
+        eval_data=TensorDataset(data.test_x, data.test_y),
+        loss_fn=torch.nn.CrossEntropyLoss(), metrics={"accuracy": accuracy}, name=spec.workload)
+    return task, {"data_preloaded": is_warm(data)}

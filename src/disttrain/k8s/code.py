@@ -11,17 +11,28 @@ next to themselves (a script in /workspace that saves model.pth writes
 /workspace/model.pth) and a ConfigMap volume is read-only.
 Built-in examples (`python -m disttrain.worker --spec ...`) get the resolved job spec as
 `job.yaml` from the same ConfigMap, whatever the code source.
+
+A `task: module:function` ships the task's module from the task's folder (`task_dir`):
+the file `mytask.py`, or the whole folder of the package the module is in (`pkg.sub:fn`
+ships every .py under `pkg/`), plus the local modules they import, found by reading their
+imports (`ast`, transitively, only what lies in task_dir). The pod's job.yaml points
+task_dir at the code mount, so the worker imports the shipped copy. With the code on a
+volume (`cluster.code: {pvc: ...}` / `{host_path: ...}`) nothing is shipped and task_dir
+is that mount.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
+import importlib.util
 import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from disttrain.errors import CodeError
+from disttrain.spec.fields import parse_task_reference
 from disttrain.spec.job import JobSpec
 from disttrain.spec.paths import file_problem, shown
 
@@ -42,6 +53,7 @@ class CodeFile:
     mount_path: str  # absolute path in the container
     text: str | None = None  # UTF-8 content (ConfigMap `data`)
     binary: str | None = None  # base64 content (ConfigMap `binaryData`)
+    why: str = ""  # why it is shipped, for the rendered comment ("the task's module")
 
     @property
     def size(self) -> int:
@@ -56,6 +68,7 @@ class CodePlan:
     mount: str
     script_in_pod: str | None
     files: tuple[CodeFile, ...]
+    notes: tuple[str, ...] = ()  # for the render's warnings
 
     @property
     def needs_configmap(self) -> bool:
@@ -71,15 +84,17 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None) -> Co
 
     Args:
         spec: the job.
-        base_dir: where relative local paths (script, code.files) are resolved.
+        base_dir: where relative local paths (script, code.files) are resolved, and the
+            task's module when the spec has no task_dir.
         spec_text: the job.yaml shipped to built-in workers (default: `spec.to_yaml()`).
 
     Raises:
-        CodeError: missing script or file, a name that cannot be a ConfigMap key, or a
-            ConfigMap over 1 MiB.
+        CodeError: missing script, task module or file, a name that cannot be a ConfigMap
+            key, or a ConfigMap over 1 MiB.
     """
     code = spec.cluster.code
     files: list[CodeFile] = []
+    notes: list[str] = []
     script_in_pod: str | None = None
     if code.delivery == "configmap":
         root = base_dir
@@ -89,29 +104,159 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None) -> Co
                 f"--code '{{host_path: DIR}}' if it lives on the nodes"))
             root = local.parent
             script_in_pod = posixpath.join(code.mount, local.name)
-            files.append(_entry(local, local.name, code.mount))
+            files.append(_entry(local, local.name, code.mount, "the script"))
+        if spec.task:
+            root = task_folder(spec, base_dir)
+            shipped, note = task_sources(spec.task, root)
+            files += [_entry(path, rel, code.mount, why, label="task")
+                      for path, rel, why in shipped]
+            notes += [note] if note else []
         for name in code.files:
             local = _local(base_dir, name, "cluster.code.files: ", dir_ok=True,
                            missing=f"no such file (looked in {base_dir})")
             for path in _walk(local, name):
                 rel = _relative(path, root)
-                files.append(_entry(path, rel, code.mount))
+                files.append(_entry(path, rel, code.mount, "cluster.code.files"))
     elif spec.script:
         script = PurePosixPath(spec.script)
         script_in_pod = str(script) if script.is_absolute() else posixpath.join(
             code.mount, str(script))
     if spec.workload != "script":
         text = spec.to_yaml() if spec_text is None else spec_text
-        files.append(CodeFile(SPEC_KEY, SPEC_PATH, text=text))
+        files.append(CodeFile(SPEC_KEY, SPEC_PATH, text=text, why="the job spec"))
     _check_unique(files)
-    plan = CodePlan(code.delivery, code.mount, script_in_pod, tuple(files))
+    plan = CodePlan(code.delivery, code.mount, script_in_pod, tuple(files), tuple(notes))
     if plan.size > CONFIGMAP_LIMIT:
         biggest = max(files, key=lambda f: f.size)
+        fix = ("put large files on a volume (--code '{pvc: NAME}' or --volumes) or in the image"
+               if not spec.task else
+               f"put the task's code in the image or on a volume the pods mount: --code "
+               f"'{{pvc: NAME, mount: {code.mount}}}' or '{{host_path: DIR}}'; then nothing is "
+               f"shipped and task_dir is that mount")
         raise CodeError(
             f"cluster.code: the ConfigMap would hold {plan.size / 2**20:.2f} MiB, over the "
             f"1 MiB Kubernetes limit (largest: {biggest.key}, {biggest.size / 2**20:.2f} MiB); "
-            f"put large files on a volume (--code '{{pvc: NAME}}' or --volumes) or in the image")
+            f"{fix}")
     return plan
+
+
+def task_folder(spec: JobSpec, base_dir: Path) -> Path:
+    """Where the task's module is read from here: the spec's task_dir (the spec file's
+    folder, set by the CLI), else `base_dir`."""
+    if not spec.task_dir:
+        return base_dir
+    folder = Path(spec.task_dir)
+    return folder if folder.is_absolute() else base_dir / folder
+
+
+def task_sources(ref: str, task_dir: Path) -> tuple[list[tuple[Path, str, str]], str | None]:
+    """The files a pod needs to import the task `ref`, read from `task_dir`.
+
+    Returns:
+        ([(local path, path under the mount, why)], a note or None). The module itself,
+        or its package's whole folder, first; then every local module they import,
+        transitively. A module that is not in task_dir ships nothing: disttrain's own
+        (`disttrain.examples.chargpt:make_task`) is in the image's disttrain; one installed
+        here must be in the image too, which the note says.
+
+    Raises:
+        CodeError: the module is in neither task_dir nor this Python, or a shipped file
+            does not parse (the pod could not import it).
+    """
+    try:
+        module, _ = parse_task_reference(ref)
+    except ValueError as exc:
+        raise CodeError(f"task {ref!r}: {exc}") from None
+    top = module.split(".")[0]
+    found = _top_level(task_dir, top)
+    if found is None:
+        if top == "disttrain":
+            return [], None
+        where = _installed(top)
+        if where is None:
+            raise CodeError(
+                f"task {ref!r}: no {top}.py or {top}/ in {task_dir} to ship to the pods; put "
+                f"{module.replace('.', '/')}.py there (beside the spec file), or put the code on "
+                f"a volume: --code '{{pvc: NAME}}' or '{{host_path: DIR}}'")
+        return [], (f"task: {top} is not in {task_dir} but installed here ({where}); nothing is "
+                    f"shipped, so the image must have it too")
+    if found.is_dir() and _module_file(task_dir, module) is None:
+        path = module.replace(".", "/")
+        raise CodeError(f"task {ref!r}: {top}/ in {task_dir} has no {path}.py or "
+                        f"{path}/__init__.py")
+    shipped: dict[Path, tuple[str, str]] = {}
+    why = f"task {ref}" + (f" (package {top})" if found.is_dir() else "")
+    queue = [(p, why) for p in _python_files(found)]
+    while queue:
+        path, reason = queue.pop(0)
+        if path in shipped:
+            continue
+        shipped[path] = (path.relative_to(task_dir).as_posix(), reason)
+        for name in sorted(_imported_names(path, task_dir)):
+            local = _top_level(task_dir, name)
+            if local is not None:
+                by = (f"package {name}, " if local.is_dir() else "") + f"imported by {shipped[path][0]}"
+                queue += [(p, by) for p in _python_files(local) if p not in shipped]
+    return [(path, rel, reason) for path, (rel, reason) in shipped.items()], None
+
+
+def _top_level(task_dir: Path, name: str) -> Path | None:
+    """What `import name` finds in task_dir, in Python's order: the package `name`/, the
+    module `name`.py, then a folder of Python files without __init__ (a namespace package)."""
+    file, folder = task_dir / f"{name}.py", task_dir / name
+    if (folder / "__init__.py").is_file():
+        return folder
+    if file.is_file():
+        return file
+    if folder.is_dir() and any(_python_files(folder)):
+        return folder
+    return None
+
+
+def _module_file(task_dir: Path, module: str) -> Path | None:
+    base = task_dir.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return base if base.is_dir() and len(module.split(".")) > 1 else None  # a namespace package
+
+
+def _python_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*.py")
+                  if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(path).parts))
+
+
+def _imported_names(path: Path, task_dir: Path) -> set[str]:
+    """The top-level names `path` imports absolutely (relative imports stay inside its
+    package, which is shipped whole)."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except SyntaxError as exc:
+        rel = path.relative_to(task_dir).as_posix()
+        raise CodeError(f"task: {rel} line {exc.lineno}: {exc.msg}; the pods could not import "
+                        f"it") from None
+    except (OSError, ValueError) as exc:
+        raise CodeError(f"task: cannot read {path}: {exc}") from None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _installed(name: str) -> str | None:
+    """Where this Python finds the top-level module `name` (nothing is imported), or None."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    return found.origin if found.origin not in (None, "built-in", "frozen") else name
 
 
 def configmap_data(plan: CodePlan) -> tuple[dict[str, str], dict[str, str]]:
@@ -151,23 +296,24 @@ def _relative(path: Path, root: Path) -> str:
         return path.name
 
 
-def _entry(path: Path, rel: str, mount: str) -> CodeFile:
+def _entry(path: Path, rel: str, mount: str, why: str = "", label: str = "cluster.code.files"
+           ) -> CodeFile:
     key = rel.replace("/", "__")
     if not _KEY.match(key):
-        raise CodeError(f"cluster.code.files: {rel}: a ConfigMap key may hold only letters, "
+        raise CodeError(f"{label}: {rel}: a ConfigMap key may hold only letters, "
                         f"digits, '-', '_' and '.'; rename the file")
     try:
         raw = path.read_bytes()
     except OSError as exc:  # a file inside a listed folder that this user cannot read
-        raise CodeError(f"cluster.code.files: {rel}: cannot read: {exc.strerror or exc}") from None
+        raise CodeError(f"{label}: {rel}: cannot read: {exc.strerror or exc}") from None
     if len(raw) > CONFIGMAP_LIMIT:
         raise CodeError(f"cluster.code: {rel} is {len(raw) / 2**20:.2f} MiB, over the 1 MiB "
                         f"ConfigMap limit; put it on a volume (--volumes) or in the image")
     mount_path = posixpath.join(mount, rel)
     try:
-        return CodeFile(key, mount_path, text=raw.decode("utf-8"))
+        return CodeFile(key, mount_path, text=raw.decode("utf-8"), why=why)
     except UnicodeDecodeError:
-        return CodeFile(key, mount_path, binary=base64.b64encode(raw).decode("ascii"))
+        return CodeFile(key, mount_path, binary=base64.b64encode(raw).decode("ascii"), why=why)
 
 
 def _check_unique(files: list[CodeFile]) -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 LABEL_JOB = "disttrain.io/job"  # the job's name on every object: what status/logs/delete select
 LABEL_KIND = "disttrain.io/kind"  # pod | job | pytorchjob
-LABEL_WORKLOAD = "disttrain.io/workload"  # the built-in example, or "script"
+LABEL_WORKLOAD = "disttrain.io/workload"  # the built-in example, "task" or "script"
 LABEL_NEEDS_DISTTRAIN = "disttrain.io/needs-disttrain"  # "true" when the pod runs disttrain.worker
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 
 ANNOTATION_IMAGE = "disttrain.io/image-needs"  # what the image must hold; heads the YAML output
 ANNOTATION_CODE = "disttrain.io/code-sha256"  # code ConfigMap's hash: new code, new pod
+ANNOTATION_FILES = "disttrain.io/code-files"  # what the code ConfigMap ships; heads its YAML
 ANNOTATION_RANK_OFFSET = "disttrain.io/rank-offset"  # node rank of replica-index 0 (Worker after Master)
 ANNOTATION_RENDER_HASH = "disttrain.io/render-hash"  # the rendered form, for an idempotent apply
 

@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from disttrain import envvars
 from disttrain.errors import LocalRunError
+from disttrain.k8s.code import SPEC_PATH
 from disttrain.k8s.logtee import tee_tail
 from disttrain.k8s.render import render
 from disttrain.spec.job import JobSpec
@@ -280,6 +283,8 @@ class _Files:
                 mapping[path] = host
             elif "configMap" in vol:
                 self._configmap(pod, m, vol["configMap"]["name"], mapping)
+        if SPEC_PATH in mapping:
+            _map_task_dir(Path(mapping[SPEC_PATH]), mapping)
         return mapping
 
     def _configmap(self, pod: LocalPod, m: dict[str, Any], name: str,
@@ -299,6 +304,15 @@ class _Files:
             else:
                 local.write_bytes(base64.b64decode(cm["binaryData"][key]))
             mapping[target] = str(local)
+
+
+def _map_task_dir(spec_file: Path, mapping: dict[str, str]) -> None:
+    """The job.yaml's task_dir is the code mount in the container: point it at the local
+    folder standing in for that mount, as the container's paths in argv are."""
+    data = yaml.safe_load(spec_file.read_text())
+    if isinstance(data, dict) and data.get("task_dir"):
+        data["task_dir"] = map_path(data["task_dir"], mapping)
+        spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _mapped(path: str, mapping: dict[str, str]) -> bool:

@@ -19,19 +19,20 @@ import copy
 import hashlib
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from disttrain import envvars
+from disttrain.distributed.torch_compat import image_note, minimum_torch, show
 from disttrain.errors import SpecError
 from disttrain.k8s import hami
 from disttrain.k8s.code import SPEC_PATH, CodePlan, configmap_data, plan_code
+from disttrain.k8s.install import install_command
 from disttrain.k8s.labels import (
     ANNOTATION_CODE,
+    ANNOTATION_FILES,
     ANNOTATION_IMAGE,
     ANNOTATION_RANK_OFFSET,
     LABEL_JOB,
@@ -127,7 +128,13 @@ class _Renderer:
         if spec.launch.max_restarts and not spec.script:
             pod_spec = spec.model_copy(update={"train": spec.train.model_copy(
                 update={"resume": True})})
+        if spec.task:  # the pod imports the task from the code mount (shipped or a volume)
+            pod_spec = pod_spec.model_copy(update={"task_dir": self.c.code.mount})
+        # what the image's tag says about its torch; a torch too old for the job is refused
+        self.torch_note = (image_note(pod_spec, self.image) if self._needs_disttrain()
+                           and not local else None)
         self.code: CodePlan = plan_code(spec, base_dir, pod_spec.to_yaml())
+        self.warnings += self.code.notes
 
     # -- checks -----------------------------------------------------------------------
     def _check(self) -> None:
@@ -171,8 +178,10 @@ class _Renderer:
                                 f"{rl.limit}; Kubernetes rejects that")
         if self.spec.workload != "script" and not self.local and not (
                 c.image_has_disttrain or c.install_disttrain):
+            job = (f"the task {self.spec.task}" if self.spec.task
+                   else f"the built-in job '{self.spec.workload}'")
             raise SpecError(
-                f"cluster.image: the built-in job '{self.spec.workload}' runs `python -m "
+                f"cluster.image: {job} runs `python -m "
                 f"disttrain.worker` in the pod, so the image needs disttrain; pass "
                 f"--image-has-disttrain if {self.image} has it, or --install-disttrain "
                 f"'disttrain' (with --pip-index-url of your mirror) to pip install it at "
@@ -220,12 +229,17 @@ class _Renderer:
         return self.spec.workload != "script" or bool(self.c.install_disttrain)
 
     def _image_needs(self) -> str:
+        if self.spec.workload == "script" and not self.c.install_disttrain:
+            return "torch (the user script runs under torchrun)"
+        version, need = minimum_torch(self.spec)
+        torch = f"torch >= {show(version)}" + (f" ({need.what})" if need else "")
+        tag = f"; {self.torch_note}" if self.torch_note else ""
         if self.c.install_disttrain:
             where = self.c.pip_index_url or "the image's pip configuration"
-            return f"torch and pip; {self.c.install_disttrain} is pip-installed at start from {where}"
-        if self.spec.workload == "script":
-            return "torch (the user script runs under torchrun)"
-        return "torch and disttrain (built-in job: python -m disttrain.worker)"
+            return (f"{torch} and pip; {self.c.install_disttrain} is pip-installed at start "
+                    f"from {where}, keeping the image's torch{tag}")
+        job = f"task {self.spec.task}" if self.spec.task else "built-in job"
+        return f"{torch} and disttrain ({job}: python -m disttrain.worker){tag}"
 
     # -- objects ------------------------------------------------------------------------
     def _pvc(self, vol: Any) -> dict[str, Any]:
@@ -238,8 +252,11 @@ class _Renderer:
 
     def _configmap(self) -> dict[str, Any]:
         data, binary = configmap_data(self.code)
+        files = ", ".join(f"{f.mount_path} ({f.why})" if f.why else f.mount_path
+                          for f in self.code.files)
         obj: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
-                               "metadata": self._meta(f"{self.name}-code")}
+                               "metadata": self._meta(f"{self.name}-code",
+                                                      annotations={ANNOTATION_FILES: files})}
         if data:
             obj["data"] = data
         if binary:
@@ -341,17 +358,7 @@ class _Renderer:
         return ctr
 
     def _command(self, argv: list[str]) -> list[str]:
-        c = self.c
-        if not c.install_disttrain or self.local:
-            return argv
-        pip = ["python", "-m", "pip", "install", "--no-cache-dir"]
-        if c.pip_index_url:
-            pip += ["--index-url", c.pip_index_url]
-            url = urlparse(c.pip_index_url)
-            if url.scheme == "http" and url.hostname:
-                pip += ["--trusted-host", url.hostname]  # a plain-HTTP mirror, as in the guide
-        pip.append(c.install_disttrain)
-        return ["sh", "-c", f"{shlex.join(pip)} && exec {shlex.join(argv)}"]
+        return argv if self.local else install_command(self.c, argv)
 
     def _env(self, rendered: list[tuple[str, Any]], unbuffered: bool) -> list[dict[str, Any]]:
         """User env first (the guide's order), then ours unless the user set the same name."""

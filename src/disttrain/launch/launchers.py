@@ -99,8 +99,11 @@ class TorchrunLauncher:
     script as a subprocess per rank with its output tee'd to `<run_dir>/logs`."""
 
     def launch(self, plan: LaunchPlan) -> LaunchResult:
-        from torch.distributed import DistError
+        import torch.distributed as dist
         from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+        # torch < 2.2 has no DistError; plan.launch_config then names the torch it needs
+        DistError = getattr(dist, "DistError", RuntimeError)
 
         spec = plan.spec
         if spec.script:
@@ -219,7 +222,10 @@ class EnvLauncher:
             return LaunchResult.failed({rank: RankFailure(exitcode=code)}, exit_code=code)
         except Exception as exc:
             text = traceback.format_exc()
-            print(text, file=sys.stderr, flush=True)
+            from disttrain.train.task import TaskError
+
+            if not isinstance(exc, TaskError):  # the user's task: `disttrain run` prints its message
+                print(text, file=sys.stderr, flush=True)
             return LaunchResult.failed({rank: RankFailure(f"{type(exc).__name__}: {exc}")},
                                        log_text=text)
         return LaunchResult()

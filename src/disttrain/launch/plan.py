@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from disttrain import envvars
 from disttrain.distributed.process import threads_per_rank
-from disttrain.errors import LaunchError
+from disttrain.errors import LaunchError, TorchVersionError
 from disttrain.launch.argv import resolve_nproc
 from disttrain.launch.ports import free_port, port_free
 from disttrain.spec.job import JobSpec, LaunchSpec
@@ -110,6 +110,12 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
     """
     from torch.distributed.launcher.api import LaunchConfig
 
+    from disttrain.distributed.torch_compat import require
+
+    try:
+        require("launcher")  # `logs_specs` below; a pod's plain torchrun needs none of this
+    except TorchVersionError as exc:
+        raise LaunchError(str(exc)) from None
     if launch.nnodes == 1:
         rdzv_backend, endpoint = "static", f"{launch.master_addr}:{launch.master_port}"
         configs: dict[str, Any] = {"rank": 0, "timeout": int(launch.timeout_s)}

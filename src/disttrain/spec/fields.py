@@ -23,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, field_validator
 __all__ = [
     "COMM_HOOKS", "EXAMPLES", "NCCL_PRESET_NAMES", "VGPU_WORKAROUNDS", "CommHook", "Example",
     "NcclPreset", "StrictModel", "VgpuWorkaround", "check_quantity", "is_dns1123_label",
-    "is_dns1123_subdomain", "parse_quantity",
+    "is_dns1123_subdomain", "parse_quantity", "parse_task_reference",
 ]
 
 # -- choice lists ----------------------------------------------------------------------------
-Example = Literal["digits", "mnist", "synthetic", "seed002"]
+Example = Literal["digits", "mnist", "synthetic", "seed002", "chargpt"]
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]
 VgpuWorkaround = Literal["no-p2p", "no-shm", "no-cumem-host", "no-vgpu-control"]
 NcclPreset = Literal["default", "debug", "no-ib", "no-p2p", "ib"]
@@ -51,6 +51,26 @@ def is_dns1123_label(text: str) -> bool:
 def is_dns1123_subdomain(text: str) -> bool:
     """Dot-separated DNS-1123 labels, at most 253 characters (PVC and Secret names)."""
     return len(text) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(text) is not None
+
+
+# -- task references ---------------------------------------------------------------------------
+def parse_task_reference(ref: str) -> tuple[str, str]:
+    """'pkg.mod:make_task' -> ('pkg.mod', 'make_task'); a file path 'tasks/my.py:fn' too.
+
+    The syntax alone (nothing is imported), so the spec can check a `task:` without torch;
+    `disttrain.train.task` imports the module.
+
+    Raises:
+        ValueError: not `module:function`, or the module part is not an importable name.
+    """
+    module, sep, attr = ref.rpartition(":")
+    if not sep or not module or not attr.isidentifier():
+        raise ValueError("write it as module:function (e.g. mytask:make_task)")
+    if module.endswith(".py"):
+        module = module[:-3].replace("/", ".").replace("\\", ".").strip(".")
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise ValueError(f"{module!r} is not an importable module name")
+    return module, attr
 
 
 # -- Kubernetes quantities -------------------------------------------------------------------

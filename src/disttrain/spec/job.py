@@ -16,6 +16,7 @@ decides are validators here and name the flag to change; rules that need the mac
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from disttrain.errors import SpecError
 from disttrain.spec.cluster import ClusterSpec
-from disttrain.spec.fields import CommHook, Example, StrictModel, is_dns1123_label
+from disttrain.spec.fields import CommHook, Example, StrictModel, is_dns1123_label, parse_task_reference
 from disttrain.spec.paths import check_readable_file
 
 MAX_PROCS = 1024  # processes or threads per node: more is a typo, not a machine
@@ -105,6 +106,10 @@ class TrainSpec(StrictModel):
         description="torch threads per process (default: cores / local processes)"
     )
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+    sync_batchnorm: bool = Field(
+        False, description="convert BatchNorm layers to SyncBatchNorm (DDP): every rank normalises "
+        "with the statistics of the global batch"
+    )
 
 
 class JobSpec(StrictModel):
@@ -113,7 +118,18 @@ class JobSpec(StrictModel):
     name: str = Field("disttrain", description="job name (DNS-1123: lower case, digits, '-')")
     script: str | None = Field(None, description="user training script run by torchrun")
     example: Example | None = Field(
-        None, description="built-in job to run when no script is given (default digits)"
+        None, description="built-in job to run when no script or task is given (default digits)"
+    )
+    task: str | None = Field(
+        None, description="your model as a TrainTask: module:function returning one (e.g. "
+        "mytask:make_task), trained by the built-in Trainer (docs/your-model.md)"
+    )
+    task_args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments for the task's function, a mapping "
+        "(e.g. '{hidden: 256}')"
+    )
+    task_dir: str | None = Field(
+        None, description="(set by the CLI) the spec file's folder, searched first for the task's module"
     )
     args: list[str] = Field(default_factory=list, description="arguments passed to the script")
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
@@ -130,10 +146,40 @@ class JobSpec(StrictModel):
             )
         return v
 
+    @field_validator("task")
+    @classmethod
+    def _task_reference(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_task_reference(v)  # the syntax only: importing it is the CLI's and the worker's
+        return v
+
+    @field_validator("task_args")
+    @classmethod
+    def _json_args(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # They travel in job.yaml to every rank and pod and become the factory's keyword
+        # arguments: plain YAML/JSON values only, and finite numbers (the base's inf/NaN
+        # rule sees only fields typed as floats, not values inside a mapping).
+        for key, value in v.items():
+            if not key.isidentifier():
+                raise ValueError(f"{key!r} is not a keyword argument name")
+            problem = _json_problem(value)
+            if problem:
+                raise ValueError(f"{key}: {problem}")
+        return v
+
     @model_validator(mode="after")
     def _one_workload(self) -> JobSpec:
         if self.script and self.example:
             raise ValueError("give either 'script' or 'example', not both")
+        if self.task and self.script:
+            raise ValueError("task: give either 'task' (a TrainTask the built-in Trainer trains) or "
+                             "'script' (your own loop under torchrun), not both")
+        if self.task and self.example:
+            raise ValueError("task: give either 'task' (your TrainTask) or 'example' (a built-in "
+                             "job), not both")
+        if self.task_args and not self.task:
+            raise ValueError("task_args: they are the arguments of a task's function; set 'task' "
+                             "(--task module:function) too, or remove task_args")
         return self
 
     @model_validator(mode="after")
@@ -155,6 +201,10 @@ class JobSpec(StrictModel):
             raise ValueError(
                 f"launch.nnodes: strategy dp is one process on one machine, not {launch.nnodes} "
                 f"nodes; use --strategy ddp across nodes")
+        if cfg.strategy == "dp" and cfg.sync_batchnorm:
+            raise ValueError("train.sync_batchnorm: SyncBatchNorm syncs the statistics of one "
+                             "process per GPU, and strategy dp is one process; use --strategy "
+                             "ddp, or --no-sync-batchnorm")
         if cfg.strategy == "fsdp" and cfg.comm_hook == "powersgd":
             raise ValueError("train.comm_hook: powersgd is a DDP comm hook and FSDP has none; "
                              "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
@@ -163,8 +213,10 @@ class JobSpec(StrictModel):
     # -- derived values -------------------------------------------------------------
     @property
     def workload(self) -> str:
-        """The built-in example to run, or 'script'."""
-        return "script" if self.script else (self.example or "digits")
+        """The built-in example to run, 'task' (the user's TrainTask) or 'script'."""
+        if self.script:
+            return "script"
+        return "task" if self.task else (self.example or "digits")
 
     @property
     def run_dir(self) -> Path:
@@ -272,7 +324,24 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_FIELD_PREFIX = re.compile(r"((?:launch|train|cluster)\.[a-z_]+): ")
+_FIELD_PREFIX = re.compile(r"((?:launch|train|cluster)\.[a-z_]+|task|task_args): ")
+
+
+def _json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why `value` is not a plain YAML/JSON value (None when it is)."""
+    if depth > 32:
+        return "nested too deeply"
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"must be a finite number (got {value!r})"
+    if isinstance(value, list):
+        return next((p for p in (_json_problem(x, depth + 1) for x in value) if p), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "mapping keys must be strings"
+        return next((p for p in (_json_problem(x, depth + 1) for x in value.values()) if p), None)
+    return f"must be a YAML/JSON value (text, number, bool, list, mapping), got {type(value).__name__}"
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:

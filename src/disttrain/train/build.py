@@ -1,12 +1,17 @@
-"""Assemble a Trainer from a JobSpec: workload, strategy, optimizer, schedule, writer.
+"""Assemble a Trainer from a JobSpec and a TrainTask: model, loaders, strategy, optimizer,
+schedule, writer.
 
-    trainer = build_trainer(spec, rt)     # rt = disttrain.distributed.runtime.setup(...)
+    trainer = build_trainer(spec, rt)              # the spec's task, or its built-in example
+    trainer = build_trainer(spec, rt, task)        # any TrainTask (what disttrain.fit does)
 
 Kept apart from the loop (torchtitan keeps config, parallelism and loop apart) so that
-`Trainer` only stores already-built parts and tests can build one from pieces. Today the
-model and data are always a built-in workload's (`examples.workload.build_workload`);
+`Trainer` only stores already-built parts and tests can build one from pieces. The model
+and data come from the task (the built-in workloads are tasks too: `examples/workload.py`);
 everything after that step is the same for any model. Choices made here, each printed in
 the start banner and stored in summary.json (`RunInfo`):
+- the loader: in-memory (input, target) tensors are gathered by index (`ShardedLoader`),
+  any other map-style Dataset goes through a DataLoader (`DatasetLoader`), both in the
+  same DistributedSampler order; an IterableDataset shards itself (`IterableLoader`);
 - the strategy that really runs (`resolve_strategy`: ddp/fsdp at world size 1 and dp
   with < 2 GPUs run as none, without a wrapper);
 - the comm hook (DDP) or gradient reduce dtype (FSDP), with bytes counted per step;
@@ -16,10 +21,15 @@ the start banner and stored in summary.json (`RunInfo`):
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
+from torch.utils.data import IterableDataset, TensorDataset
 
 from disttrain.distributed.activation_ckpt import enable_grad_ckpt
 from disttrain.distributed.comm_hooks import CommStats, register_comm_hook
+from disttrain.distributed.process import seed_everything
 from disttrain.distributed.runtime import Runtime
 from disttrain.distributed.strategies import (
     WrapOptions,
@@ -28,16 +38,20 @@ from disttrain.distributed.strategies import (
     wrap,
 )
 from disttrain.errors import SpecError
-from disttrain.examples.workload import build_workload
 from disttrain.rundir import RunWriter, open_writer
 from disttrain.spec.job import JobSpec, TrainSpec
 from disttrain.spec.rules import check_runnable
+from disttrain.train.evaluate import Evaluator
+from disttrain.train.iterable_loader import IterableLoader
+from disttrain.train.loader import DatasetLoader, SampledLoader, ShardedLoader, seed_worker
 from disttrain.train.optim import build_optimizer, describe, global_batch, scaled_lr, warmup_lambda
 from disttrain.train.precision import Precision
 from disttrain.train.run_info import RunInfo
+from disttrain.train.task import TaskError, TrainTask, load_task
 from disttrain.train.trainer import Trainer
 
-__all__ = ["build_trainer", "planned_steps"]
+__all__ = ["build_trainer", "make_loader", "make_model", "planned_steps", "task_for"]
+EVAL_BATCH = 1024   # held-out samples per forward (no gradients: larger than training's)
 REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -48,42 +62,97 @@ def planned_steps(cfg: TrainSpec, batches_per_epoch: int) -> int:
     return min(total, cfg.max_steps) if cfg.max_steps else total
 
 
-def build_trainer(spec: JobSpec, rt: Runtime, writer: RunWriter | None = None) -> Trainer:
-    """Everything the built-in job needs, on this rank's device.
+def task_for(spec: JobSpec, rt: Runtime) -> tuple[TrainTask, dict[str, Any]]:
+    """The spec's task (`task: module:function`) or its built-in example, and facts about
+    its data for summary.json."""
+    if spec.script:
+        raise SpecError("build_trainer trains a task or a built-in example; a script runs "
+                        "under torchrun (`disttrain run SCRIPT`)")
+    ref = getattr(spec, "task", None)
+    if ref:
+        search = [getattr(spec, "task_dir", None) or ".", "."]
+        return load_task(ref, getattr(spec, "task_args", None) or {}, search=search), {}
+    from disttrain.examples.workload import builtin_task
 
-    The model and data come from the built-in workload the spec names
-    (`examples.workload.build_workload`); the rest (strategy, comm hook, optimizer, LR
-    schedule, precision, writer) is built here the same way for any model.
+    return builtin_task(spec, rt)
+
+
+def make_model(task: TrainTask, seed: int, rt: Runtime) -> nn.Module:
+    """The task's model, the same on every rank: a factory is called right after seeding;
+    a module given ready-made gets rank 0's weights (it was built before any seed)."""
+    seed_everything(seed)
+    model = task.model if isinstance(task.model, nn.Module) else task.model()
+    if not isinstance(model, nn.Module):
+        raise TaskError(f"the task's model factory returned {type(model).__name__}, not an nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TaskError(f"the model ({type(model).__name__}) has no trainable parameters")
+    if isinstance(task.model, nn.Module) and rt.distributed and rt.world_size > 1:
+        import torch.distributed as dist
+
+        model = model.to(rt.device)
+        with torch.no_grad():   # state_dict tensors share the parameters' storage
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+    return model
+
+
+def make_loader(task: TrainTask, cfg: TrainSpec, rt: Runtime) -> SampledLoader | IterableLoader:
+    """This rank's training batches (see the module docstring for which loader and why)."""
+    data, collate = task.train_data, task.collate_fn
+    pin = rt.device.type == "cuda"
+    if isinstance(data, IterableDataset):
+        return IterableLoader(data, cfg.batch_size, rt.device, rt.distributed and rt.world_size > 1,
+                              collate_fn=collate, num_workers=cfg.num_workers, pin_memory=pin,
+                              worker_init_fn=seed_worker)
+    if isinstance(data, TensorDataset) and len(data.tensors) == 2 and collate is None:
+        x, y = data.tensors
+        return ShardedLoader(x, y, cfg.batch_size, rt.rank, rt.world_size, shuffle=True,
+                             seed=cfg.seed, num_workers=cfg.num_workers)
+    return DatasetLoader(data, cfg.batch_size, rt.rank, rt.world_size, seed=cfg.seed,
+                         collate_fn=collate, num_workers=cfg.num_workers, pin_memory=pin,
+                         worker_init_fn=seed_worker)
+
+
+def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
+                  writer: RunWriter | None = None) -> Trainer:
+    """Everything a run needs, on this rank's device.
 
     Args:
-        spec: the job (its `train` section and `example`).
+        spec: the job (its `train` section; `task` or `example` when `task` is None).
         rt: this process's runtime.
+        task: what to train; default: the spec's task reference or built-in example.
         writer: rank 0's run-directory writer (default: created here on rank 0).
 
     Raises:
         StrategyError, PrecisionError: a combination this runtime cannot run.
+        TaskError: the task cannot be loaded or trained (named in the message).
     """
     cfg = spec.train
-    if spec.script:
-        raise SpecError("build_trainer runs the built-in examples; scripts run via torchrun")
     # The same host rules `disttrain run` applied before launch, now with this rank's view.
     notes = check_runnable(spec, gpus=dp_gpu_count(rt), world_size=rt.world_size)
     strategy, note = resolve_strategy(cfg.strategy, rt)
     notes += [note] if note else []
     precision = Precision.create(cfg.precision, rt.device, sharded=strategy == "fsdp")
-    workload = build_workload(spec, rt)
-    model = workload.model
+    facts: dict[str, Any] = {}
+    if task is None:
+        task, facts = task_for(spec, rt)
+    model = make_model(task, cfg.seed, rt)
     if cfg.grad_ckpt:
         notes.append(f"activation checkpointing: {enable_grad_ckpt(model)}")
+    if getattr(cfg, "sync_batchnorm", False) and strategy == "ddp":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        notes.append("sync_batchnorm: BatchNorm layers normalise with the global batch's statistics")
+    blocks = task.fsdp_block if isinstance(task.fsdp_block, tuple) else (
+        (task.fsdp_block,) if task.fsdp_block is not None else None)
     opts = WrapOptions(fsdp_sharding=cfg.fsdp_sharding,
-                       fsdp_reduce_dtype=REDUCE_DTYPES.get(cfg.comm_hook))
+                       fsdp_reduce_dtype=REDUCE_DTYPES.get(cfg.comm_hook), fsdp_unit_types=blocks)
     fsdp_bytes = _fsdp_bytes(model, strategy, cfg.comm_hook)  # before sharding: full sizes
     model = wrap(model, strategy, rt, opts)
-    loader = workload.loader
+    loader = make_loader(task, cfg, rt)
     comm: CommStats | None = None
     if strategy == "ddp":
-        comm = register_comm_hook(model, cfg.comm_hook, planned_steps(cfg, len(loader)),
-                                  poll=rt.backend == "gloo")
+        steps = planned_steps(cfg, len(loader)) if isinstance(loader, SampledLoader) else 1000
+        comm = register_comm_hook(model, cfg.comm_hook, steps, poll=rt.backend == "gloo")
     elif cfg.comm_hook != "none" and strategy != "fsdp":
         notes.append(f"comm_hook {cfg.comm_hook}: only DDP communicates gradients; ignored "
                      f"with strategy {strategy}")
@@ -91,12 +160,16 @@ def build_trainer(spec: JobSpec, rt: Runtime, writer: RunWriter | None = None) -
     if cfg.warmup_steps:
         notes.append(f"lr warm-up: linear from {lr / cfg.warmup_steps:g} to {lr:g} over "
                      f"{cfg.warmup_steps} optimizer steps")
-    optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr)
+    optimizer = (task.optimizer(model.parameters(), lr) if task.optimizer is not None
+                 else build_optimizer(cfg.optimizer, model.parameters(), lr))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TaskError(f"the task's optimizer factory returned {type(optimizer).__name__}, "
+                        f"not a torch.optim.Optimizer")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps))
     if writer is None and rt.is_rank0:
         writer = open_writer(spec.run_dir, spec.to_yaml())
     info = RunInfo(
-        name=spec.name, workload=workload.name, strategy=cfg.strategy,
+        name=spec.name, workload=task.name or "task", strategy=cfg.strategy,
         strategy_effective=strategy, backend=rt.backend, device=str(rt.device),
         world_size=rt.world_size, batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
         global_batch=global_batch(cfg.batch_size, rt.world_size, cfg.grad_accum),
@@ -104,15 +177,24 @@ def build_trainer(spec: JobSpec, rt: Runtime, writer: RunWriter | None = None) -
         warmup_steps=cfg.warmup_steps, precision=cfg.precision,
         comm_hook=cfg.comm_hook if strategy in ("ddp", "fsdp") else "none",
         optimizer=describe(optimizer), torch_version=torch.__version__,
-        train_samples=workload.train_samples, test_samples=workload.test_samples,
-        data_preloaded=workload.data_preloaded, allreduce_bytes_per_step=fsdp_bytes,
-        run_dir=spec.run_dir, notes=notes,
+        train_samples=_length(task.train_data), test_samples=_length(task.eval_data),
+        data_preloaded=bool(facts.get("data_preloaded", False)),
+        allreduce_bytes_per_step=fsdp_bytes, run_dir=spec.run_dir, notes=notes,
     )
     for line in notes:
         rt.print0(line)
+    evaluator = Evaluator(task, rt, precision, batch_size=max(EVAL_BATCH, cfg.batch_size),
+                          lockstep=strategy == "fsdp", num_workers=cfg.num_workers)
     return Trainer(rt=rt, cfg=cfg, model=model, optimizer=optimizer, scheduler=scheduler,
-                   loader=loader, test_x=workload.test_x, test_y=workload.test_y,
-                   precision=precision, writer=writer, info=info, comm=comm)
+                   task=task, loader=loader, evaluator=evaluator, precision=precision,
+                   writer=writer, info=info, comm=comm)
+
+
+def _length(data: Any) -> int:
+    """Samples in a map-style dataset; 0 for a stream (unknown) or none."""
+    if data is None or isinstance(data, IterableDataset):
+        return 0
+    return len(data)
 
 
 def _fsdp_bytes(model: torch.nn.Module, strategy: str, comm_hook: str) -> int:

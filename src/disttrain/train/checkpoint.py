@@ -309,6 +309,12 @@ class Checkpointer:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     precision: Precision
+    # this rank's loader: a stream (IterableDataset) with state_dict() saves its position
+    loader: Any = None
+
+    def _loader_state(self) -> Any:
+        fn = getattr(self.loader, "state_dict", None)
+        return fn() if callable(fn) else None
 
     def state_dict(self, state: TrainState, sharded: dict[str, Any] | None = None) -> dict[str, Any]:
         """What the .pt file holds; `sharded` (FSDP) replaces model/optimizer by a DCP
@@ -327,6 +333,9 @@ class Checkpointer:
         """A collective: RNG states come from all ranks, FSDP shards from each; the rank
         with `write` (rank 0) writes the .pt file atomically."""
         rngs = self.rt.all_gather_object(rng_state())
+        data_states = None
+        if _stateful(self.loader):
+            data_states = self.rt.all_gather_object(self._loader_state())
         sharded = None
         if is_fsdp(self.model):  # every rank writes its shards (a collective)
             sharded = save_sharded(self.ckpt_dir, state.step, self.model, self.optimizer,
@@ -334,6 +343,8 @@ class Checkpointer:
         if write:
             saved = self.state_dict(state, sharded)
             saved["rng"] = rngs
+            if data_states is not None:
+                saved["data"] = data_states   # one per rank: each stream is its own shard
             save_checkpoint(self.ckpt_dir, saved, state.step)
         self.rt.barrier()  # nobody may read the checkpoint before it is complete
 
@@ -369,6 +380,16 @@ class Checkpointer:
         rngs = ckpt.get("rng") or []
         if self.rt.rank < len(rngs):
             set_rng_state(rngs[self.rt.rank])
+        data_states = ckpt.get("data") or []
+        if _stateful(self.loader) and self.rt.rank < len(data_states):
+            self.loader.load_state_dict(data_states[self.rt.rank])
         state = TrainState(ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"],
                            ckpt.get("samples", 0))
         return state, path
+
+
+
+def _stateful(loader: Any) -> bool:
+    """A loader whose position is its own state (IterableLoader over a stream with
+    state_dict() / load_state_dict()); the others resume from the batch counter."""
+    return all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))

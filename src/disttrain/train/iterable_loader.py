@@ -11,7 +11,8 @@ state; without, it is replayed up to the saved position (said once, as a warning
 
 from __future__ import annotations
 
-import logging
+import copy
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -19,14 +20,19 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
-log = logging.getLogger("disttrain")
-
 
 class IterableLoader:
     """This rank's batches of an IterableDataset that shards itself; all ranks stop together.
 
     `len()` is unknown before the epoch ends, so the Trainer treats each epoch as open-ended
-    and the accumulation weights as equal (1/K per micro-batch)."""
+    and the accumulation weights as equal (1/K per micro-batch).
+
+    Resuming from the stream's own state needs that state in this process, so it is used
+    with `num_workers=0` (with workers each holds a copy: the stream is replayed instead).
+    The state is read right before each batch is pulled: what a checkpoint saves is the
+    position after the last batch the Trainer was handed, also when one batch was read
+    ahead. A restored state is applied when the epoch's iteration starts, after
+    `set_epoch` (which a stream may use to rewind itself)."""
 
     def __init__(self, dataset: IterableDataset, batch_size: int, device: torch.device,
                  distributed: bool, collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -39,8 +45,10 @@ class IterableLoader:
                                  worker_init_fn=worker_init_fn)
         self.epoch = 0
         self.skip = 0
-        self.resumable = callable(getattr(dataset, "state_dict", None)) and callable(
-            getattr(dataset, "load_state_dict", None))
+        self.resumable = num_workers == 0 and all(
+            callable(getattr(dataset, name, None)) for name in ("state_dict", "load_state_dict"))
+        self._before: Any = None            # the stream's state before the latest pull
+        self._pending: Mapping[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -53,23 +61,33 @@ class IterableLoader:
     def batch_len(self, i: int) -> int:
         return self.batch_size
 
-    def state_dict(self) -> dict[str, Any] | None:
-        return self.dataset.state_dict() if self.resumable else None
+    def state_dict(self) -> Any:
+        """The stream's position after the batches handed out (None when not resumable)."""
+        if not self.resumable:
+            return None
+        return self._before if self._before is not None else self.dataset.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         if state is not None and self.resumable:
-            self.dataset.load_state_dict(state)
-            self.skip = 0
+            self._pending = state
 
     def __iter__(self) -> Iterator[Any]:
         start, self.skip = self.skip, 0
-        if start and not self.resumable:
-            log.warning("disttrain: %s has no state_dict()/load_state_dict(): replaying %d batches "
-                        "to reach the saved position", type(self.dataset).__name__, start)
+        if self._pending is not None:
+            if start:   # a checkpoint between epochs needs no position: the epoch starts afresh
+                self.dataset.load_state_dict(self._pending)
+            self._pending, start = None, 0
+        elif start:
+            # stderr, not logging: the user must see it whatever logging is set up to do
+            print(f"disttrain: warning: {type(self.dataset).__name__} has no state_dict()/"
+                  f"load_state_dict() usable here: replaying {start} batches to reach the saved "
+                  f"position", file=sys.stderr, flush=True)
         flag = torch.ones(1, device=self.device)
         it = iter(self.loader)
         i = 0
         while True:
+            if self.resumable:
+                self._before = copy.deepcopy(self.dataset.state_dict())
             batch = next(it, None)
             if self.distributed:   # every rank must agree that every rank has a batch
                 flag.fill_(0.0 if batch is None else 1.0)
@@ -79,6 +97,6 @@ class IterableLoader:
             elif batch is None:
                 return
             i += 1
-            if i <= start and not self.resumable:
+            if i <= start:
                 continue
             yield batch

@@ -71,11 +71,10 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float,
 
 def fused_supported(params: Iterable[torch.nn.Parameter]) -> bool:
     """Fused Adam runs on CPU (torch >= 2.4) and CUDA, for floating-point parameters."""
-    for p in params:
-        dev = p.device.type
-        if dev not in ("cpu", "cuda") or not torch.is_floating_point(p):
-            return False
-    return True
+    from disttrain.distributed.torch_compat import at_least
+
+    devices = ("cpu", "cuda") if at_least(2, 4) else ("cuda",)  # older Adam refuses fused on CPU
+    return all(p.device.type in devices and torch.is_floating_point(p) for p in params)
 
 
 def describe(optimizer: torch.optim.Optimizer) -> str:

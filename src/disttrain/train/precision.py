@@ -51,7 +51,10 @@ class Precision:
             if sharded:
                 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+                # its `device` argument is torch >= 2.3 (torch_compat's fsdp_fp16)
                 return cls(name, dev, torch.float16, ShardedGradScaler("cuda"))
+            if not hasattr(torch.amp, "GradScaler"):  # torch < 2.3: the same scaler, older name
+                return cls(name, dev, torch.float16, torch.cuda.amp.GradScaler())
             return cls(name, dev, torch.float16, torch.amp.GradScaler("cuda"))
         raise PrecisionError(f"unknown precision {name!r}; choose fp32, bf16 or fp16")
 

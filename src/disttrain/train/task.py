@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.errors import SpecError
+from disttrain.spec.fields import parse_task_reference
 
 # name -> fn(outputs, batch) -> (sum, count): summed over every rank's shard, then divided
 Metric = Callable[[Any, Any], "tuple[Any, Any]"]
@@ -141,15 +142,12 @@ def _safe_len(data: Any) -> int | None:
 
 # -- references: "module:function" ---------------------------------------------------------
 def parse_reference(ref: str) -> tuple[str, str]:
-    """'pkg.mod:make_task' -> ('pkg.mod', 'make_task'); a file path 'tasks/my.py:fn' too."""
-    module, sep, attr = ref.rpartition(":")
-    if not sep or not module or not attr.isidentifier():
-        raise TaskError(f"task {ref!r}: write it as module:function (e.g. mytask:make_task)")
-    if module.endswith(".py"):
-        module = module[:-3].replace("/", ".").replace("\\", ".").strip(".")
-    if not all(part.isidentifier() for part in module.split(".")):
-        raise TaskError(f"task {ref!r}: {module!r} is not an importable module name")
-    return module, attr
+    """'pkg.mod:make_task' -> ('pkg.mod', 'make_task'); a file path 'tasks/my.py:fn' too
+    (the syntax check is the spec's, `disttrain.spec.fields.parse_task_reference`)."""
+    try:
+        return parse_task_reference(ref)
+    except ValueError as exc:
+        raise TaskError(f"task {ref!r}: {exc}") from None
 
 
 def load_task(ref: str, args: Mapping[str, Any] | None = None,
@@ -167,9 +165,8 @@ def load_task(ref: str, args: Mapping[str, Any] | None = None,
         TaskError: the module or function is missing, the factory raised or returned
             something other than a TrainTask; the message says which and what was searched.
     """
-    factory = resolve_factory(ref, search)
+    factory = check_task(ref, args, search)
     kwargs = dict(args or {})
-    _check_signature(ref, factory, kwargs)
     try:
         task = factory(**kwargs)
     except TaskError:
@@ -185,10 +182,24 @@ def load_task(ref: str, args: Mapping[str, Any] | None = None,
     return task
 
 
+def check_task(ref: str, args: Mapping[str, Any] | None = None,
+               search: Sequence[str | Path] = ()) -> Callable[..., Any]:
+    """The factory `ref` names, imported and checked against `args` but not called: what
+    `disttrain run` does before any process starts, so a bad reference or a typo in
+    `task_args` exits 2 with nothing written.
+
+    Raises:
+        TaskError: the module or function is missing, or `args` do not fit its signature.
+    """
+    factory = resolve_factory(ref, search)
+    _check_signature(ref, factory, dict(args or {}))
+    return factory
+
+
 def resolve_factory(ref: str, search: Sequence[str | Path] = ()) -> Callable[..., Any]:
     """The function `ref` names, imported (no call); TaskError says what was searched."""
     module_name, attr = parse_reference(ref)
-    folders = [str(Path(p).resolve()) for p in search]
+    folders = list(dict.fromkeys(str(Path(p).resolve()) for p in search))  # the same folder once
     for folder in reversed(folders):
         if folder not in sys.path:
             sys.path.insert(0, folder)

@@ -7,18 +7,20 @@
     with runtime.setup() as rt:
         summary = build_trainer(JobSpec(), rt).fit()
 
-What it takes care of: DistributedSampler.set_epoch every epoch; evaluation on the
-held-out split with loss/accuracy summed over all ranks (not rank 0's shard); output and
-files on rank 0 only; gradient accumulation with one all-reduce per optimizer step;
-atomic checkpoints with RNG state and exact resume (`train/checkpoint.py`); a
-parameter-hash check that all ranks ended identical. `Trainer.__init__` only stores
-parts; `build_trainer` builds them. Evaluation scores a classifier (`classification_sums`),
-as every built-in workload is one.
+It trains any TrainTask (`train/task.py`: the user's model, data, loss or step function
+and metrics; the built-in workloads are TrainTasks too) and takes care of: the shard and
+order of every rank's data and set_epoch every epoch; gradient accumulation with one
+all-reduce per optimizer step; evaluation that counts each held-out sample once, over all
+ranks (`train/evaluate.py`); output and files on rank 0 only; atomic checkpoints with RNG
+state and exact resume, mid-epoch included (`train/checkpoint.py`); a check that all ranks
+ended identical, parameters and buffers. `Trainer.__init__` only stores parts;
+`build_trainer` builds them (docs/your-model.md).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,17 +33,22 @@ from disttrain import envvars
 from disttrain.console import EpochTable
 from disttrain.distributed.comm_hooks import CommStats
 from disttrain.distributed.runtime import Runtime
-from disttrain.distributed.strategies import eval_module, no_sync
+from disttrain.distributed.strategies import no_sync, unwrap
 from disttrain.distributed.sync_check import check_in_sync
 from disttrain.resilience import heartbeat
 from disttrain.rundir import RunWriter, checkpoint_dir
 from disttrain.spec.job import TrainSpec
+from disttrain.train.batch import batch_size_of, to_device
 from disttrain.train.checkpoint import Checkpointer, TrainState, resume_requested
-from disttrain.train.loader import ShardedLoader, eval_shard
+from disttrain.train.evaluate import Evaluator
+from disttrain.train.iterable_loader import IterableLoader
+from disttrain.train.loader import SampledLoader
 from disttrain.train.precision import Precision
 from disttrain.train.run_info import RunInfo
+from disttrain.train.steps import run_step
+from disttrain.train.task import TrainTask
 
-__all__ = ["TrainState", "Trainer", "classification_sums"]
+__all__ = ["TrainState", "Trainer"]
 
 FLUSH_RECORDS = 50  # gather logged losses to rank 0 every this many records (one collective)
 
@@ -55,13 +62,12 @@ class Trainer:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    loader: ShardedLoader
-    test_x: torch.Tensor
-    test_y: torch.Tensor
+    task: TrainTask                 # the model's data, loss or step, metrics
+    loader: SampledLoader | IterableLoader   # this rank's training batches
+    evaluator: Evaluator
     precision: Precision
     info: RunInfo                   # the resolved settings; its run_dir holds the checkpoints
     writer: RunWriter | None = None
-    loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
     state: TrainState = field(default_factory=TrainState)
     comm: CommStats | None = None   # DDP comm hook's byte counter (builder registers it)
     _records: list[tuple[int, int, torch.Tensor, float, float]] = field(default_factory=list)
@@ -77,20 +83,19 @@ class Trainer:
         samples_start = self.state.samples
         table = EpochTable(enabled=self.rt.is_rank0)
         table.header(self.info.as_dict())
-        train_s, last_eval = 0.0, (float("nan"), float("nan"))
+        train_s, last_eval = 0.0, {}
         while self.state.epoch < self.cfg.epochs and not self._done():
             t0, samples0 = time.perf_counter(), self.state.samples
-            train_loss = self.train_epoch(table)
+            train_loss, complete = self.train_epoch(table)
             dt = time.perf_counter() - t0
             train_s += dt
-            complete = self.state.batch_in_epoch >= len(self.loader)
             last_eval = self.evaluate()
             sps = (self.state.samples - samples0) * self.rt.world_size / max(dt, 1e-9)
-            table.row(self.state.epoch, train_loss, *last_eval, sps)
-            if self.writer:
+            table.row(self.state.epoch, train_loss, last_eval.get("loss", float("nan")),
+                      last_eval.get("accuracy", float("nan")), sps)
+            if self.writer and last_eval:
                 self.writer.log([{"split": "eval", "rank": -1, "epoch": self.state.epoch,
-                                  "step": self.state.step, "loss": last_eval[0],
-                                  "accuracy": last_eval[1]}])
+                                  "step": self.state.step, **last_eval}])
             if not complete:  # stopped mid-epoch by max_steps: the epoch is not done
                 break
             self.state.epoch += 1
@@ -101,29 +106,35 @@ class Trainer:
         run_sps = (self.state.samples - samples_start) * self.rt.world_size / train_s if train_s else 0.0
         return self.finish(last_eval, run_sps, time.perf_counter() - t_start, table)
 
-    def train_epoch(self, table: EpochTable) -> float:
-        """One pass over this rank's shard; returns the mean logged loss over all ranks."""
+    def train_epoch(self, table: EpochTable) -> tuple[float, bool]:
+        """One pass over this rank's shard: the mean logged loss over all ranks, and whether
+        the epoch ran to its end (not cut by max_steps)."""
         cfg, st = self.cfg, self.state
         self.loader.set_epoch(st.epoch)  # a new shuffle each epoch, else every epoch repeats epoch 0's order
         self.loader.skip = st.batch_in_epoch
-        n_batches = len(self.loader)
+        sized = not isinstance(self.loader, IterableLoader)
+        n_batches = len(self.loader) if sized else None
         self.model.train()
         epoch_losses: list[torch.Tensor] = []
         t_log, samples_log = time.perf_counter(), 0
-        progress = table.progress(n_batches, st.epoch)
-        for x, y in self.loader:
+        progress = table.progress(n_batches or 0, st.epoch)
+        batches = iter(self.loader) if sized else _with_lookahead(self.loader)
+        complete = True
+        for batch in batches:
             heartbeat.beat(st.step)  # attribute writes only; a thread publishes (docs/resilience.md)
             i = st.batch_in_epoch
+            last = i + 1 == n_batches if sized else batch[1]
+            batch = batch if sized else batch[0]
             # The last group of an epoch may be short: it still ends in an optimizer step.
-            boundary = (i + 1) % cfg.grad_accum == 0 or i + 1 == n_batches
-            loss = self.train_step(x, y, self._micro_weight(i, n_batches), sync=boundary)
+            boundary = (i + 1) % cfg.grad_accum == 0 or last
+            loss, n = self.train_step(batch, self._micro_weight(i, n_batches), sync=boundary)
             st.batch_in_epoch += 1
-            st.samples += len(x)
-            samples_log += len(x)
+            st.samples += n
+            samples_log += n
             if not boundary:
                 continue
             self.optimizer_step()
-            if st.step % cfg.log_every_steps == 0 or i + 1 == n_batches or self._done():
+            if st.step % cfg.log_every_steps == 0 or last or self._done():
                 now = time.perf_counter()
                 sps = samples_log * self.rt.world_size / max(now - t_log, 1e-9)
                 t_log, samples_log = now, 0
@@ -135,30 +146,34 @@ class Trainer:
             if cfg.checkpoint_every_steps and st.step % cfg.checkpoint_every_steps == 0:
                 self.save()
             if self._done():
+                complete = last
                 break
         progress.close()
         self.flush_records()
-        return self._global_mean(epoch_losses)
+        return self._global_mean(epoch_losses), complete
 
-    def _micro_weight(self, i: int, n_batches: int) -> float:
+    def _micro_weight(self, i: int, n_batches: int | None) -> float:
         """Weight of micro-batch i's mean loss in its accumulation group: its share of the
         group's samples, so K micro-batches give exactly the gradient of one K-times
-        bigger batch, also for the epoch's short last group and short last batch."""
+        bigger batch, also for the epoch's short last group and short last batch. A stream
+        (IterableDataset) has no known length: its micro-batches weigh 1/K each."""
         k = self.cfg.grad_accum
         if k == 1:
             return 1.0
+        if n_batches is None:
+            return 1.0 / k
         first = i - i % k
         group = sum(self.loader.batch_len(j) for j in range(first, min(first + k, n_batches)))
         return self.loader.batch_len(i) / group
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, weight: float, sync: bool) -> torch.Tensor:
-        """Forward and backward of one micro-batch; gradients all-reduced only when `sync`."""
-        dev = self.rt.device
-        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+    def train_step(self, batch: Any, weight: float, sync: bool) -> tuple[torch.Tensor, int]:
+        """Forward and backward of one micro-batch; gradients all-reduced only when `sync`.
+        Returns the (detached) loss and the batch's sample count."""
+        batch = to_device(batch, self.rt.device)
         with no_sync(self.model, skip=not sync), self.precision.autocast():
-            loss = self.loss_fn(self.model(x), y)
+            loss, _ = run_step(self.task, self.model, batch)
             self.precision.backward(loss * weight if weight != 1.0 else loss)
-        return loss.detach()
+        return loss.detach(), batch_size_of(batch)
 
     def optimizer_step(self) -> None:
         self.precision.step(self.optimizer)
@@ -173,32 +188,22 @@ class Trainer:
         if self.state.step == 1:
             self.info.record_first_step(_since_launch())
 
-    @torch.no_grad()
-    def evaluate(self, batch_size: int = 1024) -> tuple[float, float]:
-        """Loss and accuracy on the whole held-out split, summed over all ranks."""
-        heartbeat.beat(self.state.step, "eval")
-        self.model.eval()
-        idx = eval_shard(len(self.test_x), self.rt.rank, self.rt.world_size)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.rt.device)
-        net = eval_module(self.model)
-        # The same number of batches on every rank (a short shard gets an empty last
-        # batch): FSDP gathers parameters in each forward, a collective all must join.
-        longest = -(-len(self.test_x) // self.rt.world_size)
-        for i in range(0, longest, batch_size):
-            j = idx[i:i + batch_size]
-            x = self.test_x.index_select(0, j).to(self.rt.device)
-            y = self.test_y.index_select(0, j).to(self.rt.device)
-            with self.precision.autocast():
-                out = net(x)
-            loss_sum, correct = classification_sums(out, y)
-            totals[0] += loss_sum
-            totals[1] += correct
-            totals[2] += len(y)
-        if self.rt.distributed and self.rt.world_size > 1:
-            dist.all_reduce(totals)
-        self.model.train()
-        n = max(totals[2].item(), 1.0)
-        return totals[0].item() / n, totals[1].item() / n
+    def evaluate(self) -> dict[str, float]:
+        """Loss and the task's metrics on the whole eval set, over all ranks ({} without one)."""
+        self._sync_buffers()
+        return self.evaluator.run(self.model, self.state.step)
+
+    def _sync_buffers(self) -> None:
+        """Make every rank's buffers (BatchNorm's running statistics) rank 0's before they
+        are used or saved. DDP broadcasts rank 0's at the start of each forward, so after
+        the last forward of an epoch each rank holds its own; FSDP never syncs them. Either
+        way the ranks would evaluate and checkpoint different models. One broadcast per
+        buffer, once per epoch; nothing for a model without buffers."""
+        if not (self.rt.distributed and self.rt.world_size > 1 and self.info.strategy_effective
+                in ("ddp", "fsdp")):
+            return
+        for buf in unwrap(self.model).buffers():
+            dist.broadcast(buf, src=0)
 
     # -- bookkeeping ----------------------------------------------------------------
     @property
@@ -240,11 +245,12 @@ class Trainer:
     @property
     def checkpointer(self) -> Checkpointer:
         return Checkpointer(self.rt, checkpoint_dir(self.info.run_dir), self.model,
-                            self.optimizer, self.scheduler, self.precision)
+                            self.optimizer, self.scheduler, self.precision, loader=self.loader)
 
     def save(self) -> None:
         """A checkpoint of this step: rank 0 writes (atomically) what every rank needs."""
         heartbeat.beat(self.state.step, "checkpoint")
+        self._sync_buffers()
         self.checkpointer.save(self.state, write=self.writer is not None)
 
     def maybe_resume(self) -> None:
@@ -262,12 +268,13 @@ class Trainer:
             self.writer.truncate_after(self.state.step)
         self.rt.print0(f"resumed from {path} (epoch {self.state.epoch}, step {self.state.step})")
 
-    def finish(self, last_eval: tuple[float, float], samples_per_s: float, wall_s: float,
+    def finish(self, last_eval: dict[str, float], samples_per_s: float, wall_s: float,
                table: EpochTable) -> dict[str, Any]:
-        """Hash-compare parameters over ranks and write summary.json / loss.png."""
+        """Compare the ranks' state (parameters and buffers) and write summary.json / loss.png."""
         heartbeat.beat(self.state.step, "finish")
-        # The whole state_dict, as params_sha256 always was (the built-in models have no
-        # buffers); names the rank and tensor when they differ.
+        self._sync_buffers()
+        # The whole state_dict: parameters and buffers (BatchNorm statistics included);
+        # names the rank and tensor when they differ.
         sync = check_in_sync(self.model, "state")
         if not sync.in_sync:
             self.rt.print0(f"warning: {sync.describe()}")
@@ -275,8 +282,8 @@ class Trainer:
         summary = {
             **self.info.as_dict(),
             "epochs": self.state.epoch, "steps": self.state.step, "final_loss": final,
-            "test_loss": last_eval[0], "test_accuracy": last_eval[1],
-            "samples_per_s": samples_per_s,
+            "test_loss": last_eval.get("loss"), "test_accuracy": last_eval.get("accuracy"),
+            "eval": last_eval, "samples_per_s": samples_per_s,
             "params_sha256": sync.digests[self.rt.rank], "params_in_sync": sync.in_sync,
             "params_sha256_per_rank": sync.digests, "wall_s": round(wall_s, 3),
             **({} if sync.in_sync else {"params_divergence": sync.as_dict()}),
@@ -294,12 +301,15 @@ def _since_launch() -> float | None:
     return round(time.time() - t0, 3) if t0 is not None else None
 
 
-def classification_sums(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed cross-entropy and count of correct argmax predictions of one eval batch.
+def _with_lookahead(loader: IterableLoader) -> Iterator[tuple[Any, bool]]:
+    """(batch, is_last) from a stream whose length is unknown: one batch is read ahead, so
+    the epoch's last micro-batch still ends in an optimizer step."""
+    it = iter(loader)
+    current = next(it, _END)
+    while current is not _END:
+        following = next(it, _END)
+        yield current, following is _END
+        current = following
 
-    Sums, not means, so that the totals over all ranks' shards give the exact mean over
-    the held-out set. This is the built-in workloads' metric (they are all classifiers);
-    a model with other outputs needs its own.
-    """
-    loss_sum = nn.functional.cross_entropy(outputs.float(), targets, reduction="sum").double()
-    return loss_sum, (outputs.argmax(dim=1) == targets).sum()
+
+_END = object()

@@ -1,0 +1,45 @@
+"""`disttrain.fit(task, spec)`: train a TrainTask from a script started by torchrun.
+
+    # train.py — torchrun --nproc_per_node=2 train.py
+    import disttrain
+    from mytask import make_task
+
+    summary = disttrain.fit(make_task(), disttrain.JobSpec.from_yaml("job.yaml"))
+    if summary["rank"] == 0: print(summary["eval"])
+
+Everything `disttrain run --task` gives (the run directory, exact resume, the sync check,
+the stall heartbeat), from the user's own entry point. Outside torchrun it trains in one
+process. The spec is optional: its `train` section's defaults apply (docs/your-model.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disttrain.spec.job import JobSpec
+from disttrain.train.task import TrainTask
+
+
+def fit(task: TrainTask, spec: JobSpec | None = None, *, backend: str | None = None) -> dict[str, Any]:
+    """Set up the process group from torchrun's environment, train `task`, tear down.
+
+    Args:
+        task: what to train.
+        spec: how (the `train` and `launch` sections); default `JobSpec()`.
+        backend: override `spec.launch.backend` (auto: nccl when every local rank has a GPU).
+
+    Returns:
+        This rank's summary (the dict rank 0 writes to summary.json), plus `rank`.
+
+    Raises:
+        TaskError: the task cannot be trained (a bad batch, a non-scalar loss, ...).
+    """
+    from disttrain.distributed import runtime
+    from disttrain.train.build import build_trainer
+
+    spec = spec or JobSpec()
+    with runtime.setup(backend or spec.launch.backend, spec.launch.timeout_s,
+                       threads=spec.train.threads) as rt:
+        summary = build_trainer(spec, rt, task).fit()
+        summary["rank"] = rt.rank
+    return summary

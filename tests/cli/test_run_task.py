@@ -1,0 +1,161 @@
+"""`disttrain run --task REF` and `task:` in a spec file: the reference resolved before any
+process starts (a bad one exits 2 with one line and nothing written), a task trained on 2
+real ranks, and a task that fails inside the workers reported once, with exit 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.timeout(300)
+
+TASK_FILE = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from disttrain import TrainTask
+
+
+    def make_task(hidden: int = 16) -> TrainTask:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 8, generator=g)
+        y = (x.sum(1) > 0).long()
+        return TrainTask(model=lambda: nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2)),
+                         train_data=TensorDataset(x, y), eval_data=TensorDataset(x[:64], y[:64]),
+                         loss_fn=nn.CrossEntropyLoss())
+
+
+    def broken() -> TrainTask:
+        raise ValueError("no training data at /data/train")
+
+
+    def not_a_task(hidden: int = 16):
+        return {"model": hidden}
+''')
+
+
+@pytest.fixture
+def task_dir(tmp_path: Path) -> Path:
+    (tmp_path / "mytask.py").write_text(TASK_FILE)
+    return tmp_path
+
+
+def _spec_of(dry_run_stdout: str) -> dict:
+    return yaml.safe_load(dry_run_stdout.split("\n---\n")[0])
+
+
+def test_task_flags_reach_the_resolved_spec(task_dir):
+    res = run_cli("run", "--task", "mytask:make_task", "--task-args", '{"hidden": 4}',
+                  "--sync-batchnorm", "--dry-run", cwd=task_dir, timeout=120)
+    assert res.returncode == 0, res.stderr
+    spec = _spec_of(res.stdout)
+    assert spec["task"] == "mytask:make_task" and spec["task_args"] == {"hidden": 4}
+    assert spec["task_dir"] == str(task_dir.resolve())  # flags: the current folder, absolute
+    assert spec["train"]["sync_batchnorm"] is True and spec["example"] is None
+    assert "-m disttrain.worker" in res.stdout.split("\n---\n")[1]
+
+
+def test_spec_file_folder_is_searched_first(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "mytask.py").write_text(TASK_FILE)
+    (jobs / "job.yaml").write_text("name: mine\ntask: mytask:make_task\ntask_args: {hidden: 8}\n")
+    res = run_cli("run", "-f", "jobs/job.yaml", "--dry-run", cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr  # found beside the spec, not in the current folder
+    spec = _spec_of(res.stdout)
+    assert spec["task_dir"] == str(jobs.resolve()) and spec["task_args"] == {"hidden": 8}
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--task", "nope:make_task"), "task 'nope:make_task': no module 'nope' in "),
+    (("--task", "mytask:nothing"), "module 'mytask' ("),
+    (("--task", "mytask:make_task", "--task-args", "{width: 3}"),
+     "task_args: mytask:make_task takes no argument(s) width; it takes hidden"),
+    (("--task", "mytask:make_task", "--task-args", "{hidden: 1, extra: 2}"),
+     "takes no argument(s) extra"),
+    (("--task", "mytask:make_task", "--task-args", "{hidden: .inf}"),
+     "task_args: hidden: must be a finite"),
+    (("--task", "mytask"), "task: write it as module:function (e.g. mytask:make_task)"),
+    (("--task", "mytask:make_task", "--example", "digits"),
+     "give either 'task' (your TrainTask) or 'example'"),
+    (("--task", "mytask:make_task", "train.py"),
+     "give either 'task' (a TrainTask the built-in Trainer trains)"),
+    (("--task-args", "{hidden: 2}"), "task_args: they are the arguments of a task's function"),
+    (("--task", "syntaxerr:make"), "syntaxerr.py:1: "),
+    (("--task", "raises_on_import:make"), "importing 'raises_on_import' raised RuntimeError: no GPU here"),
+    (("--task", "needs_missing:make"),
+     "module 'needs_missing' imports 'no_such_package_x', which is not installed"),
+])
+def test_bad_task_exits_2_with_one_line_and_writes_nothing(task_dir, args, needle):
+    (task_dir / "syntaxerr.py").write_text("def make(:\n")
+    (task_dir / "raises_on_import.py").write_text("raise RuntimeError('no GPU here')\n")
+    (task_dir / "needs_missing.py").write_text("import no_such_package_x\n")
+    earlier = task_dir / "runs" / "disttrain" / "metrics.jsonl"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("earlier run\n")
+    before = sorted(p.relative_to(task_dir) for p in task_dir.rglob("*") if "__pycache__" not in p.parts)
+    res = run_cli("run", *args, "--epochs", "1", cwd=task_dir, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    after = sorted(p.relative_to(task_dir) for p in task_dir.rglob("*") if "__pycache__" not in p.parts)
+    assert after == before  # the run dir is not touched: no job.yaml, nothing cleared
+    assert earlier.read_text() == "earlier run\n"
+
+
+@pytest.mark.slow
+def test_task_trains_on_two_ranks(task_dir):
+    res = run_cli("run", "--task", "mytask:make_task", "--task-args", "{hidden: 12}",
+                  "--nproc-per-node", "2", "--epochs", "1", cwd=task_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_dir = task_dir / "runs" / "disttrain"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["params_in_sync"] is True
+    assert summary["steps"] == 4  # 256 samples / (32 per rank x 2 ranks)
+    job = yaml.safe_load((run_dir / "job.yaml").read_text())
+    assert job["task"] == "mytask:make_task" and job["task_dir"] == str(task_dir.resolve())
+    assert job["task_args"] == {"hidden": 12}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("ref", "launcher", "message"), [
+    ("mytask:broken", "torchrun",
+     "error: task 'mytask:broken' raised ValueError: no training data at /data/train"),
+    ("mytask:broken", "spawn",
+     "error: task 'mytask:broken' raised ValueError: no training data at /data/train"),
+    ("mytask:not_a_task", "torchrun",
+     "error: task 'mytask:not_a_task' returned dict, not a disttrain.TrainTask"),
+])
+def test_task_failing_in_the_workers_is_reported_once(task_dir, ref, launcher, message):
+    res = run_cli("run", "--task", ref, "--nproc-per-node", "2", "--epochs", "1",
+                  "--launcher", launcher, cwd=task_dir)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.count(message) == 1, res.stderr  # from rank 0's record, not once per rank
+    # the factory's own frames may be shown (inside the message); disttrain's and torch's not
+    assert "disttrain/worker.py" not in res.stderr and "site-packages/torch" not in res.stderr
+    assert "the job failed" not in res.stderr
+
+
+def test_worker_reports_a_task_error_with_exit_2(task_dir):
+    """`python -m disttrain.worker` (what a pod runs): one rank, a hand-written spec whose
+    folder holds the task's module, run from another folder."""
+    import subprocess
+
+    (task_dir / "job.yaml").write_text("task: mytask:broken\ntrain: {epochs: 1}\n")
+    other = task_dir / "elsewhere"
+    other.mkdir()
+    res = subprocess.run([sys.executable, "-m", "disttrain.worker", "--spec", str(task_dir / "job.yaml")],
+                         cwd=other, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.startswith("error: task 'mytask:broken' raised ValueError: no training data")
+    assert "disttrain/worker.py" not in res.stderr

@@ -1,0 +1,1 @@
+"""A local package mytask imports: shipped whole (every .py under blocks/)."""

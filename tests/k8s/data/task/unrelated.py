@@ -1,0 +1,1 @@
+"""Beside the task but imported by nothing it ships: not shipped."""
