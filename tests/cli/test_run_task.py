@@ -54,12 +54,12 @@ def _spec_of(dry_run_stdout: str) -> dict:
 
 def test_task_flags_reach_the_resolved_spec(task_dir):
     res = run_cli("run", "--task", "mytask:make_task", "--task-args", '{"hidden": 4}',
-                  "--sync-batchnorm", "--dry-run", cwd=task_dir, timeout=120)
+                  "--grad-accum", "2", "--dry-run", cwd=task_dir, timeout=120)
     assert res.returncode == 0, res.stderr
     spec = _spec_of(res.stdout)
     assert spec["task"] == "mytask:make_task" and spec["task_args"] == {"hidden": 4}
     assert spec["task_dir"] == str(task_dir.resolve())  # flags: the current folder, absolute
-    assert spec["train"]["sync_batchnorm"] is True and spec["example"] is None
+    assert spec["train"]["grad_accum"] == 2 and spec["example"] is None
     assert "-m disttrain.worker" in res.stdout.split("\n---\n")[1]
 
 

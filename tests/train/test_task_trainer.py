@@ -294,3 +294,32 @@ def test_fsdp_makes_one_unit_per_task_block(tmp_path: Path) -> None:
     names, in_sync = out[0]
     assert in_sync is True
     assert all(name != "Block" and "Block" in name for name in names), names   # FSDPBlock
+
+
+def test_sync_batchnorm_without_a_gpu_is_refused_with_the_reason() -> None:
+    from disttrain.errors import StrategyError
+    from disttrain.spec.rules import check_runnable
+
+    spec = JobSpec.from_dict({}, {"sync_batchnorm": True})
+    with pytest.raises(StrategyError, match="SyncBatchNorm runs on CUDA GPUs only"):
+        check_runnable(spec, gpus=0)
+    assert check_runnable(spec, gpus=2) == []
+
+
+def _sync_bn(run_dir: str) -> tuple[list[str], bool]:
+    task = TrainTask(model=make_bn_net, train_data=PairData(), loss_fn=nn.CrossEntropyLoss())
+    with setup_for_test("nccl") as rt:
+        spec = JobSpec.from_dict({}, {"epochs": 1, "batch_size": 16, "run_dir": run_dir,
+                                      "backend": "nccl", "sync_batchnorm": True,
+                                      "checkpoint_every_epochs": 0})
+        trainer = build_trainer(spec, rt, task)
+        summary = trainer.fit()
+        kinds = [type(m).__name__ for m in trainer.model.modules() if "BatchNorm" in type(m).__name__]
+    return kinds, summary["params_in_sync"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="2 ranks need a CUDA GPU each")
+def test_sync_batchnorm_converts_and_stays_in_sync(tmp_path: Path) -> None:
+    out = run_ranks(2, _sync_bn, str(tmp_path / "sbn"), timeout_s=120)
+    assert out[0] == (["SyncBatchNorm"], True) and out[1] == out[0]

@@ -76,7 +76,8 @@ def check_runnable(spec: JobSpec, gpus: int, world_size: int | None = None) -> l
     Raises:
         SpecError: backend nccl without a GPU.
         PrecisionError: fp16 without a GPU (built-in job).
-        StrategyError: strategy dp in a job of several processes (built-in job).
+        StrategyError: strategy dp in a job of several processes (built-in job), or
+            sync_batchnorm without a GPU.
     """
     notes: list[str] = []
     if not spec.script:  # a user script reads its own arguments, not `train`
@@ -85,6 +86,11 @@ def check_runnable(spec: JobSpec, gpus: int, world_size: int | None = None) -> l
             check_dp_world_size(world_size, spec.launch.launcher)
         check_precision(cfg.precision, on_cuda=gpus > 0)
         notes += [DP_ADVICE] if cfg.strategy == "dp" else []
+        if cfg.sync_batchnorm and gpus == 0:
+            raise StrategyError(
+                "train.sync_batchnorm: SyncBatchNorm runs on CUDA GPUs only and none is visible; "
+                "drop --sync-batchnorm (on CPU the Trainer still makes every rank's BatchNorm "
+                "statistics rank 0's before each evaluation and checkpoint)")
     if spec.launch.backend == "nccl" and gpus == 0:
         raise SpecError("launch.backend: nccl needs CUDA GPUs and none is visible; use "
                         "--backend gloo (or auto)")
