@@ -25,3 +25,10 @@ done
 # 3. verification and all-reduce bandwidth on nccl
 timeout 120 python3 -m disttrain.cli.main verify --json 2>&1 | tail -3
 timeout 120 python3 -m disttrain.cli.main bench allreduce --sizes 1M:256M --json 2>&1 | tail -6
+# 4. a user's task on the GPU: chargpt (a TrainTask, many DDP buckets) in bf16, and under
+#    FSDP with one unit per transformer block; the Trainer beside the plain loop
+timeout 150 python3 -m disttrain.cli.main run --example chargpt --epochs 3 --precision bf16 \
+  --run-dir "$OUT/chargpt-bf16" 2>&1 | tail -3
+timeout 150 python3 -m disttrain.cli.main run --example chargpt --epochs 2 --strategy fsdp \
+  --run-dir "$OUT/chargpt-fsdp" 2>&1 | tail -3
+timeout 200 python3 -m disttrain.cli.main bench overhead --example chargpt --rounds 2 2>&1 | tail -4
