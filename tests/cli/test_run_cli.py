@@ -108,6 +108,22 @@ def test_explicit_taken_port_fails_fast(tmp_path):
     assert "--master-port" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_a_job_that_cannot_start_leaves_the_previous_run_alone(tmp_path):
+    old = tmp_path / "runs" / "disttrain"
+    old.mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"old": true}\n')
+    (old / "summary.json").write_text("{}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = run_cli("run", "--master-port", str(port), "--epochs", "1", cwd=tmp_path, timeout=60)
+    assert res.returncode == 2 and f"master port {port} is already in use" in res.stderr
+    assert (old / "metrics.jsonl").read_text() == '{"old": true}\n'
+    assert sorted(p.name for p in old.iterdir()) == ["metrics.jsonl", "summary.json"]
+
+
+
 def test_user_script_runs_under_torchrun_with_rank_prefixes(tmp_path):
     script = ROOT / "examples" / "train_ddp.py"
     res = run_cli("run", str(script), "--nproc-per-node", "2", "--", "--epochs", "2",

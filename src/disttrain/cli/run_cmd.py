@@ -177,16 +177,26 @@ def _owns_outputs(spec: Any) -> bool:
 
 def _run(spec: Any) -> int:
     from disttrain.errors import LaunchError
-    from disttrain.launch.launchers import launch
+    from disttrain.launch.launchers import launch, plan_launch
 
+    # The port is checked (and a free one chosen) before the run dir is touched: a job
+    # that cannot start must not have wiped the previous run's outputs; its notes are
+    # said now, before the workers' output.
+    try:
+        plan = plan_launch(spec)
+    except LaunchError as exc:
+        fail(str(exc))
+    for note in plan.notes:
+        click.echo(f"note: {note}", err=True)
     _prepare_run_dir(spec)
     try:
         with _quiet_task_errors():
-            result = launch(spec)
+            result = launch(spec, plan)
     except LaunchError as exc:
         fail(str(exc))
     for note in result.notes:
-        click.echo(f"note: {note}", err=True)
+        if note not in plan.notes:   # e.g. the port moved because it was taken at bind time
+            click.echo(f"note: {note}", err=True)
     if result.exit_code != 0:
         task_error = _task_error(result.failures)
         if task_error is not None:  # every rank raised it: the task's fault, said once

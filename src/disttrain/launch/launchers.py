@@ -236,15 +236,30 @@ LAUNCHERS: dict[str, Callable[[], Launcher]] = {
 
 
 # -- the entry points ----------------------------------------------------------------------
-def launch(spec: JobSpec) -> LaunchResult:
+def plan_launch(spec: JobSpec) -> LaunchPlan:
+    """The launch plan of `spec` (processes, the port): every check that can fail before a
+    worker starts, so a caller can make it before it writes anything (docs/quickstart.md).
+
+    Raises:
+        LaunchError: an explicitly requested port is taken.
+    """
+    # env: every invocation must use the same given port
+    return make_plan(spec, pick_port=spec.launch.launcher != "env")
+
+
+def launch(spec: JobSpec, plan: LaunchPlan | None = None) -> LaunchResult:
     """Run `spec` on this machine with its launcher; never raises for worker failures.
+
+    Args:
+        spec: the job.
+        plan: `plan_launch(spec)`, when the caller made it first (to check the port and
+            print its notes before writing the run directory); made here otherwise.
 
     Raises:
         LaunchError: the ranks cannot be started (an explicitly requested port is taken,
             no rendezvous, `--launcher spawn` with a script).
     """
-    # env: every invocation must use the same given port
-    plan = make_plan(spec, pick_port=spec.launch.launcher != "env")
+    plan = plan or plan_launch(spec)
     for k, v in plan.env.items():
         os.environ.setdefault(k, v)
     launcher = LAUNCHERS[spec.launch.launcher]()
