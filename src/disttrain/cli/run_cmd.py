@@ -194,9 +194,8 @@ def _run(spec: Any) -> int:
             result = launch(spec, plan)
     except LaunchError as exc:
         fail(str(exc))
-    for note in result.notes:
-        if note not in plan.notes:   # e.g. the port moved because it was taken at bind time
-            click.echo(f"note: {note}", err=True)
+    for note in result.notes:   # e.g. the port moved because it was taken at bind time
+        click.echo(f"note: {note}", err=True)
     if result.exit_code != 0:
         task_error = _task_error(result.failures)
         if task_error is not None:  # every rank raised it: the task's fault, said once

@@ -259,6 +259,8 @@ def launch(spec: JobSpec, plan: LaunchPlan | None = None) -> LaunchResult:
         LaunchError: the ranks cannot be started (an explicitly requested port is taken,
             no rendezvous, `--launcher spawn` with a script).
     """
+    # a caller's plan: its notes are the caller's to print; result.notes has only the new ones
+    said = 0 if plan is None else len(plan.notes)
     plan = plan or plan_launch(spec)
     for k, v in plan.env.items():
         os.environ.setdefault(k, v)
@@ -277,7 +279,7 @@ def launch(spec: JobSpec, plan: LaunchPlan | None = None) -> LaunchResult:
             old, port = plan.spec.launch.master_port, free_port()
             plan = plan.moved_to(port, f"port {old} was taken just before the start; "
                                        f"using free port {port}")
-    result.notes[:0] = plan.notes
+    result.notes[:0] = plan.notes[said:]
     if wd is not None:
         _add_stalls(result, wd.stalls)
     return result

@@ -19,6 +19,7 @@ ended identical, parameters and buffers. `Trainer.__init__` only stores parts;
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -118,13 +119,13 @@ class Trainer:
         epoch_losses: list[torch.Tensor] = []
         t_log, samples_log = time.perf_counter(), 0
         progress = table.progress(n_batches or 0, st.epoch)
-        batches = iter(self.loader) if sized else _with_lookahead(self.loader)
+        # (batch, is it the epoch's last): by count for a sized loader, by reading ahead for a stream
+        batches = (zip(self.loader, (j + 1 == n_batches for j in itertools.count(st.batch_in_epoch)))
+                   if sized else _with_lookahead(self.loader))
         complete = True
-        for batch in batches:
+        for batch, last in batches:
             heartbeat.beat(st.step)  # attribute writes only; a thread publishes (docs/resilience.md)
             i = st.batch_in_epoch
-            last = i + 1 == n_batches if sized else batch[1]
-            batch = batch if sized else batch[0]
             # The last group of an epoch may be short: it still ends in an optimizer step.
             boundary = (i + 1) % cfg.grad_accum == 0 or last
             loss, n = self.train_step(batch, self._micro_weight(i, n_batches), sync=boundary)
