@@ -58,6 +58,12 @@ class LaunchSpec(StrictModel):
         300.0, gt=0, le=7 * 24 * 3600,
         description="stall / collective timeout: a stuck rank ends the job after this (s)"
     )
+    stop_grace_s: int = Field(
+        120, ge=5, le=24 * 3600,
+        description="seconds a stopped job (SIGTERM: preemption, eviction, Ctrl-C) has to "
+                    "agree on a step and write its checkpoint; the pods' "
+                    "terminationGracePeriodSeconds"
+    )
     port_explicit: bool = Field(
         False, description="(set by the CLI) master_port was asked for explicitly: never move it"
     )
