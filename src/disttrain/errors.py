@@ -10,6 +10,12 @@ catch them the way they would catch the standard error of that kind.
 
 from __future__ import annotations
 
+# The exit status of a job that was asked to stop (SIGTERM / SIGINT: preemption, eviction,
+# Ctrl-C) and stopped cleanly at an optimizer step with a checkpoint: neither a failure nor
+# success, "resume me" (EX_TEMPFAIL of sysexits.h). Rendered Jobs treat it as a disruption,
+# not a failure (docs/resilience.md).
+EXIT_STOPPED = 75
+
 
 class DisttrainError(Exception):
     """Base of every error disttrain raises on purpose; the message is for the user."""
