@@ -157,7 +157,7 @@ def test_doctor_bad_flag_is_usage_error() -> None:
 def test_lint_json_shape_and_exit_1() -> None:
     r = run("lint", "--format", "json", str(SCRIPTS / "seed_002_spawn.py"))
     assert r.exit_code == 1
-    data = json.loads(r.stdout)
+    data = json.loads(r.stdout)["findings"]
     assert {tuple(d) for d in data} == {("rule", "path", "line", "message", "fix")}
     assert [d["rule"] for d in data] == ["DT018", "DT007", "DT005"]
 
@@ -193,10 +193,10 @@ def test_lint_needs_a_script_and_known_rules() -> None:
 
 def test_lint_select_and_ignore() -> None:
     path = str(SCRIPTS / "seed_002_spawn.py")
-    r = run("lint", "--format", "json", "--select", "dt005", path)
-    assert [d["rule"] for d in json.loads(r.stdout)] == ["DT005"]
-    r = run("lint", "--format", "json", "--ignore", "DT005,DT007,DT018", path)
-    assert r.exit_code == 0 and json.loads(r.stdout) == []
+    r = run("lint", "--json", "--select", "dt005", path)
+    assert [d["rule"] for d in json.loads(r.stdout)["findings"]] == ["DT005"]
+    r = run("lint", "--json", "--ignore", "DT005,DT007,DT018", path)
+    assert r.exit_code == 0 and json.loads(r.stdout)["findings"] == []
 
 
 def test_lint_list_rules() -> None:
@@ -211,7 +211,7 @@ def test_lint_shell_script_launch(tmp_path: Path) -> None:
     sh.write_text("#!/bin/sh\n# python -m torch.distributed.launch in a comment is fine\n"
                   "python -m torch.distributed.launch --nproc_per_node=2 train.py\n")
     r = run("lint", "--format", "json", str(sh))
-    assert [(d["rule"], d["line"]) for d in json.loads(r.stdout)] == [("DT008", 3)]
+    assert [(d["rule"], d["line"]) for d in json.loads(r.stdout)["findings"]] == [("DT008", 3)]
 
 
 # -- env --------------------------------------------------------------------------------------

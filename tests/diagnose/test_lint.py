@@ -28,12 +28,20 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                      'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))\n',
                PRE + 'if torch.cuda.is_available():\n    device = torch.device("cuda", 0)\n'
                      'else:\n    device = torch.device("cpu")\n'
-                     'dist.init_process_group(backend="nccl")\nmodel = model.to(device)\n'],
+                     'dist.init_process_group(backend="nccl")\nmodel = model.to(device)\n',
+               PRE + "import argparse\np = argparse.ArgumentParser()\n"
+                     'p.add_argument("--backend", default="nccl")\nargs = p.parse_args()\n'
+                     'device = "cuda" if torch.cuda.is_available() else "cpu"\n'
+                     "dist.init_process_group(backend=args.backend)\nmodel = model.to(device)\n"],
               [PRE + 'dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")\n',
                PRE + 'dist.init_process_group("nccl")\nmodel = model.cuda()\n',
                PRE + 'device = "cuda" if torch.cuda.is_available() else "cpu"\n'
                      'dist.init_process_group("nccl" if device == "cuda" else "gloo")\n',
-               PRE + 'dist.init_process_group("gloo")\nx = torch.ones(2)\n']),
+               PRE + 'dist.init_process_group("gloo")\nx = torch.ones(2)\n',
+               PRE + "import argparse\np = argparse.ArgumentParser()\n"
+                     'p.add_argument("--backend", default="gloo")\nargs = p.parse_args()\n'
+                     'device = "cuda" if torch.cuda.is_available() else "cpu"\n'
+                     "dist.init_process_group(backend=args.backend)\nmodel = model.to(device)\n"]),
     "DT003": ([PRE + "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=sampler)\n"
                      "for epoch in range(3):\n    for x in loader:\n        step(x)\n",
                PRE + "def one_epoch(train_loader):\n    for i, x in enumerate(train_loader):\n"
@@ -47,6 +55,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                PRE + "loader = DataLoader(ds, shuffle=True)\nfor e in range(2):\n"
                      "    for x in loader:\n        step(x)\n"]),
     "DT004": ([PRE + INIT + 'torch.save(model.state_dict(), "m.pt")\n',
+               PRE + "class T:\n    def __init__(self):\n        print('Loading snapshot')\n"
+                     "def main():\n    " + INIT + "    T()\n",
                PRE + INIT + 'def main():\n    print("epoch done")\n\nmain()\n',
                PRE + INIT + "import logging\nlog = logging.getLogger(__name__)\n"
                             'log.info("loss %s", 1.0)\n'],
@@ -63,15 +73,30 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                             'if args.local_rank in [-1, 0]:\n    print("y")\n',
                'import torch\ntorch.save(m, "m.pt")\nprint("single process script")\n',
                PRE + INIT + 'def save_checkpoint(model):  # an API: callers decide the rank\n'
-                            '    torch.save(model.state_dict(), "m.pt")\n']),
-    "DT005": ([PRE + INIT + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n",
-               PRE + INIT + "LR = 1e-3\nfrom torch.optim import AdamW\n"
-                            "opt = AdamW(model.parameters(), lr=LR)\n"],
+                            '    torch.save(model.state_dict(), "m.pt")\n',
+               PRE + "import torch.multiprocessing as mp\ndef work(r):\n"
+                     '    dist.init_process_group("gloo", rank=r, world_size=2)\n'
+                     "def main():\n    mp.spawn(work, nprocs=2)\n    print('all done')\n\nmain()\n",
+               PRE + "def main():\n    if not torch.cuda.is_available():\n"
+                     "        print('Unable to locate GPUs. Exiting.')\n        return\n"
+                     "    " + INIT + "    " + END + "\nmain()\n"]),
+    "DT005": ([PRE + INIT + "model = DDP(net)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+               PRE + INIT + "model = DDP(net)\nLR = 1e-3\nfrom torch.optim import AdamW\n"
+                            "opt = AdamW(model.parameters(), lr=LR)\n",
+               PRE + INIT + "import argparse\np = argparse.ArgumentParser()\n"
+                            'p.add_argument("--lr", type=float, default=0.01)\nargs = p.parse_args()\n'
+                            "model = DDP(net)\nlr = args.lr\n"
+                            "opt = torch.optim.SGD(model.parameters(), lr=lr)\n"],
               [PRE + INIT + "opt = torch.optim.SGD(model.parameters(), "
                             "lr=0.1 * dist.get_world_size())\n",
                PRE + INIT + "lr = 0.1\nlr *= dist.get_world_size()\n"
                             "opt = torch.optim.SGD(model.parameters(), lr=lr)\n",
                PRE + INIT + "opt = torch.optim.SGD(model.parameters(), lr=args.lr)\n",
+               PRE + INIT + "import argparse\np = argparse.ArgumentParser()\n"
+                            'p.add_argument("--lr", type=float, default=0.01)\nargs = p.parse_args()\n'
+                            "args.lr *= dist.get_world_size()\nmodel = DDP(net)\n"
+                            "opt = torch.optim.SGD(model.parameters(), lr=args.lr)\n",
+               PRE + INIT + "opt = torch.optim.SGD(ps_model.parameters(), lr=0.1)  # no DDP\n",
                "import torch\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"]),
     "DT006": ([PRE + INIT + 'if dist.get_rank() == 0:\n    torch.save(model.state_dict(), "c.pt")\n'
                             'state = torch.load("c.pt", weights_only=True)\n',
@@ -85,13 +110,24 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                             'if dist.get_rank() == 0:\n    torch.save(state, "c.pt")\n']),
     "DT007": ([PRE + INIT + "rank = dist.get_rank()\nmodel = DDP(model, device_ids=[rank])\n",
                PRE + INIT + "model = DDP(model, device_ids=[0])\n",
-               PRE + INIT + 'torch.cuda.set_device(int(os.environ["RANK"]))\n'],
+               PRE + INIT + 'torch.cuda.set_device(int(os.environ["RANK"]))\n',
+               PRE + INIT + 'env = dict(os.environ)\nrank = int(env["RANK"])\n'
+                            "torch.accelerator.set_device_index(rank)\n",
+               PRE + INIT + "class T:\n    def __init__(self):\n"
+                            '        self.rank = int(os.environ["RANK"])\n'
+                            "        self.model = net.cuda(self.rank)\n"],
               [PRE + INIT + 'local_rank = int(os.environ["LOCAL_RANK"])\n'
                             "torch.cuda.set_device(local_rank)\n"
                             "model = DDP(model, device_ids=[local_rank])\n",
                PRE + INIT + "model = DDP(model, device_ids=[args.local_rank])\n",
                PRE + INIT + "rank = dist.get_rank()\n"
-                            "model = DDP(model, device_ids=[rank % torch.cuda.device_count()])\n"]),
+                            "model = DDP(model, device_ids=[rank % torch.cuda.device_count()])\n",
+               PRE + 'local_rank = int(os.environ["LOCAL_RANK"])\nINIT\n'.replace("INIT\n", INIT)
+                   + "torch.accelerator.set_device_index(local_rank)\nx = x.to(local_rank)\n",
+               PRE + 'os.environ["MASTER_ADDR"] = "localhost"\n'
+                     "def work(rank):\n"
+                     '    dist.init_process_group("nccl", rank=rank, world_size=2)\n'
+                     "    torch.cuda.set_device(rank)\n"]),
     "DT008": (["import torch.distributed.launch\n",
                "import argparse\np = argparse.ArgumentParser()\n"
                'p.add_argument("--local_rank", type=int, default=0)\n',
@@ -151,6 +187,39 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                'def work(rank, n):\n    dist.init_process_group("gloo", '
                'init_method="tcp://127.0.0.1:29512", rank=rank, world_size=n)\n'
                "\nmp.spawn(work, nprocs=2)\n"]),
+    "DT019": ([PRE + INIT + "from torch.utils.data import random_split\n"
+                            "train, test = random_split(ds, [0.8, 0.2])\n",
+               PRE + INIT + "from sklearn.model_selection import train_test_split\n"
+                            "a, b = train_test_split(xs, test_size=0.2)\n"],
+              [PRE + INIT + "from torch.utils.data import random_split\n"
+                            "g = torch.Generator().manual_seed(0)\n"
+                            "train, test = random_split(ds, [0.8, 0.2], generator=g)\n",
+               PRE + INIT + "torch.manual_seed(42)\n"
+                            "train, test = torch.utils.data.random_split(ds, [0.8, 0.2])\n",
+               "import torch\ntrain, test = torch.utils.data.random_split(ds, [0.8, 0.2])\n"]),
+    "DT020": ([PRE + INIT + "if torch.cuda.is_available():\n"
+                            "    model = DDP(model.cuda(), device_ids=[local_rank])\n"],
+              [PRE + INIT + "if torch.cuda.is_available():\n"
+                            "    model = DDP(model.cuda(), device_ids=[local_rank])\n"
+                            "else:\n    model = DDP(model)\n",
+               PRE + INIT + "model = DDP(model, device_ids=[local_rank] if use_cuda else None)\n"]),
+    "DT021": ([PRE + INIT + 'local_rank = int(os.environ["LOCAL_RANK"])\n'
+                            "if local_rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n"],
+              [PRE + INIT + 'rank = int(os.environ["RANK"])\n'
+                            "if rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n",
+               PRE + 'os.environ["MASTER_ADDR"] = "127.0.0.1"\n' + INIT
+                   + 'local_rank = int(os.environ["LOCAL_RANK"])\n'
+                     "if local_rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n"]),
+    "DT022": ([PRE + "scaler = torch.amp.GradScaler('cuda')\n"
+                     "scaler.scale(loss).backward()\n"
+                     "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                     "scaler.step(opt)\n"],
+              [PRE + "scaler = torch.amp.GradScaler('cuda')\n"
+                     "scaler.scale(loss).backward()\nscaler.unscale_(opt)\n"
+                     "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                     "scaler.step(opt)\n",
+               PRE + "if amp:\n    scaler.scale(loss).backward()\nelse:\n    loss.backward()\n"
+                     "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"]),
 }
 
 POSITIVE = [(r, i, s) for r, (pos, _) in CASES.items() for i, s in enumerate(pos)]
@@ -206,7 +275,7 @@ def test_ignore_on_last_line_of_a_multiline_call() -> None:
 
 # -- the seed scripts and a correct one --------------------------------------------------
 SEEDS = {
-    "seed_000_train_ddp.py": [("DT010", 31), ("DT015", 38), ("DT005", 76)],
+    "seed_000_train_ddp.py": [("DT010", 31), ("DT015", 38), ("DT005", 76), ("DT021", 96)],
     "seed_002_spawn.py": [("DT018", 6), ("DT007", 16), ("DT005", 19)],
     "seed_000_s4_dataparallel.py": [("DT001", 10)],
     "seed_000_s5_ddp.py": [("DT007", 13), ("DT007", 23)],

@@ -1,11 +1,14 @@
 """`disttrain lint`: check training scripts against the distributed-training checklist.
 
-    disttrain lint train.py [--format json] [--select DT004,DT007] [--ignore DT005]
+    disttrain lint train.py [DIR ...] [--json] [--select DT004,DT007] [--ignore DT005] [--all]
     disttrain lint --list-rules
 
-Exit codes: 0 no findings, 1 findings, 2 bad input (an unreadable file, a script that does
-not parse, an unknown rule id) with one `error:` line. The rules themselves live in
-`disttrain.diagnose` (lint.py, rules_*.py); this module only parses and prints.
+A directory is searched for *.py files (hidden folders, __pycache__ and virtual
+environments skipped); files with nothing distributed in them (model definitions, data
+helpers) are skipped with a note unless --all. Exit codes: 0 no findings, 1 findings, 2 bad
+input (an unreadable file, a script that does not parse, an unknown rule id) with one
+`error:` line. The rules themselves live in `disttrain.diagnose` (lint.py, rules_*.py);
+this module only parses and prints.
 """
 
 from __future__ import annotations
@@ -33,18 +36,23 @@ def _rule_list(value: str | None) -> list[str] | None:
 
 @click.command(context_settings=CTX)
 @click.argument("scripts", nargs=-1)
+@click.option("--json", "as_json", is_flag=True,
+              help="print {findings: [{rule, path, line, message, fix}], linted, skipped, ok}")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="output format")
+              show_default=True, help="output format (json: the same as --json)")
 @click.option("--select", default=None, help="only these rules, e.g. DT004,DT007")
 @click.option("--ignore", "ignore_rules", default=None, help="skip these rules")
+@click.option("--all", "all_files", is_flag=True,
+              help="lint files with nothing distributed in them too")
 @click.option("--list-rules", is_flag=True, help="print the rules and exit")
-def lint(scripts: tuple[str, ...], fmt: str, select: str | None, ignore_rules: str | None,
-         list_rules: bool) -> None:
-    """Check training scripts against the distributed-training checklist (DT001...).
+def lint(scripts: tuple[str, ...], as_json: bool, fmt: str, select: str | None,
+         ignore_rules: str | None, all_files: bool, list_rules: bool) -> None:
+    """Check training scripts (files or directories) against the distributed-training
+    checklist (DT001...).
 
     `# disttrain: ignore[DT004]` on a line silences that rule there. Exit 1 when there
     are findings."""
-    from disttrain.diagnose.lint import RULES, format_findings, lint_paths
+    from disttrain.diagnose.lint import RULES, format_report, lint_report
     from disttrain.errors import LintError
 
     if list_rules:
@@ -52,16 +60,16 @@ def lint(scripts: tuple[str, ...], fmt: str, select: str | None, ignore_rules: s
             click.echo(f"{r.id}  {r.name:26s} {r.summary}")
         return
     if not scripts:
-        fail("give at least one SCRIPT to lint (or --list-rules)")
+        fail("give at least one SCRIPT or DIR to lint (or --list-rules)")
     try:
-        findings = lint_paths(scripts, _rule_list(select), _rule_list(ignore_rules))
+        report = lint_report(scripts, _rule_list(select), _rule_list(ignore_rules), all_files)
     except LintError as exc:
         fail(str(exc))
-    if fmt == "json":
-        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, ensure_ascii=False))
+    if as_json or fmt == "json":
+        click.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
-        click.echo(format_findings(findings))
-    raise click.exceptions.Exit(1 if findings else 0)
+        click.echo(format_report(report))
+    raise click.exceptions.Exit(1 if report.findings else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,14 +1,15 @@
 """`disttrain lint`: check a training script against the DDP checklist, statically.
 
     disttrain lint train.py                     # path:line: DT004 message / fix
-    disttrain lint --format json a.py b.py      # [{"rule","path","line","message","fix"}]
+    disttrain lint --json a.py scripts/         # {"findings": [{"rule","path","line",...}], ...}
     x = 1  # disttrain: ignore[DT005]           # silence one rule on one line
 
     findings = lint_paths(["train.py"])         # raises LintError for unreadable input
 
 The checklist of a correct DDP script, and the errors a wrong one ends in, turned into AST
 rules with stable ids: DT001-005 in rules_checklist.py, DT006-010 in rules_sync.py,
-DT011-018 in rules_pitfalls.py, registered through lint_registry.py; see RULES and
+DT011-018 in rules_pitfalls.py, DT019-022 in rules_scripts.py, registered through
+lint_registry.py; see RULES and
 docs/troubleshooting.md. Nothing is executed and torch is not
 imported: linting answers in milliseconds on a laptop without GPUs. Rules prefer
 silence to guessing: each one fires only on a pattern it can name precisely.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import re
 import tokenize
 from collections.abc import Iterable
@@ -25,14 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from disttrain.diagnose import rules_checklist, rules_pitfalls, rules_sync  # noqa: F401  (registers the rules)
+from disttrain.diagnose import (  # noqa: F401  (registers the rules)
+    rules_checklist,
+    rules_pitfalls,
+    rules_scripts,
+    rules_sync,
+)
 from disttrain.diagnose.lint_ctx import ScriptInfo
 from disttrain.diagnose.lint_registry import CHECKS, RULES, Rule
 from disttrain.errors import LintError
 from disttrain.spec.paths import check_readable_file
 
-__all__ = ["RULES", "Finding", "LintError", "Rule", "format_findings", "lint_paths",
-           "lint_source"]
+__all__ = ["RULES", "Finding", "LintError", "LintReport", "Rule", "expand_paths",
+           "format_findings", "format_report", "lint_paths", "lint_report", "lint_source"]
 
 _IGNORE = re.compile(r"#\s*disttrain:\s*ignore(?:\[(?P<rules>[A-Za-z0-9_,\s]*)\])?")
 # non-Python launch files: only the text rule applies (python -m torch.distributed.launch)
@@ -128,6 +135,18 @@ def lint_paths(paths: Iterable[str | Path], select: Iterable[str] | None = None,
     Raises:
         LintError: a file is missing, unreadable, not UTF-8 or not valid Python.
     """
+    out: list[Finding] = []
+    for name, text, tree in _read_all(paths):
+        if tree is not None:
+            out += lint_source(text, name, select, ignore)
+        elif "DT008" in _wanted(select, ignore):
+            out += lint_text(text, name)
+    return out
+
+
+def _read_all(paths: Iterable[str | Path]) -> list[tuple[str, str, ast.Module | None]]:
+    """(name, text, tree; None for launch scripts and manifests) of every file, or the
+    LintError of the first that cannot be read or parsed."""
     sources = []
     for p in paths:
         try:  # checked first: a too-long name, a NUL or a FIFO must not crash or hang
@@ -139,26 +158,99 @@ def lint_paths(paths: Iterable[str | Path], select: Iterable[str] | None = None,
         except UnicodeDecodeError as exc:
             raise LintError(f"{p}: not UTF-8 text (byte {exc.start})") from None
         sources.append((str(p), text))
-    parsed = []
+    parsed: list[tuple[str, str, ast.Module | None]] = []
     for name, text in sources:
         if name.endswith(TEXT_SUFFIXES):
             parsed.append((name, text, None))
             continue
         try:
-            ast.parse(text, filename=name)
+            parsed.append((name, text, ast.parse(text, filename=name)))
         except SyntaxError as exc:
             where = f"{name}:{exc.lineno}" if exc.lineno else name
             raise LintError(f"{where}: cannot parse the script: {exc.msg}") from None
         except (ValueError, RecursionError, MemoryError) as exc:
             raise LintError(f"{name}: cannot parse the script: {exc}") from None
-        parsed.append((name, text, True))
-    out: list[Finding] = []
-    for name, text, is_python in parsed:
-        if is_python:
-            out += lint_source(text, name, select, ignore)
-        elif "DT008" in _wanted(select, ignore):
-            out += lint_text(text, name)
+    return parsed
+
+
+@dataclass
+class LintReport:
+    """What `disttrain lint` found: findings, the files it linted and those it skipped."""
+
+    findings: list[Finding]
+    linted: list[str]
+    skipped: list[tuple[str, str]]   # (path, why)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `--json` shape: {findings: [...], linted: [...], skipped: [{path, reason}], ok}."""
+        return {"findings": [f.to_dict() for f in self.findings], "linted": self.linted,
+                "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+                "ok": not self.findings}
+
+
+_SKIP_DIRS = ("__pycache__", "site-packages", "node_modules")
+NOT_DISTRIBUTED = ("not a distributed script (no process group, DDP/FSDP, DistributedSampler, "
+                   "DataParallel, RPC or launcher); --all lints it anyway")
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[str]:
+    """Files as given, and for a directory its *.py files, recursively and sorted,
+    skipping hidden folders, __pycache__ and virtual environments (a pyvenv.cfg).
+
+    Raises:
+        LintError: a directory holds no Python file.
+    """
+    out: list[str] = []
+    for p in paths:
+        if not os.path.isdir(p):
+            out.append(str(p))
+            continue
+        found = []
+        for root, dirs, files in os.walk(p):   # does not follow symlinked folders
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS
+                             and not os.path.exists(os.path.join(root, d, "pyvenv.cfg")))
+            found += [os.path.join(root, f) for f in sorted(files)
+                      if f.endswith(".py") and not f.startswith(".")]
+        if not found:
+            raise LintError(f"{p}: is a directory with no Python file in it (hidden folders, "
+                            f"__pycache__ and virtual environments are skipped); give a script "
+                            f"or a folder of scripts")
+        out += found
     return out
+
+
+def lint_report(paths: Iterable[str | Path], select: Iterable[str] | None = None,
+                ignore: Iterable[str] | None = None, all_files: bool = False) -> LintReport:
+    """`disttrain lint PATH...`: directories recursed, non-distributed scripts skipped
+    (unless `all_files`), every file read and parsed before any is linted.
+
+    Raises:
+        LintError: a path is missing, unreadable, not UTF-8 or not valid Python.
+    """
+    linted: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    findings: list[Finding] = []
+    for name, text, tree in _read_all(expand_paths(paths)):   # bad input fails first
+        if tree is None:
+            if "DT008" in _wanted(select, ignore):
+                findings += lint_text(text, name)
+        elif all_files or ScriptInfo(tree, text).looks_distributed():
+            findings += lint_source(text, name, select, ignore)
+        else:
+            skipped.append((name, NOT_DISTRIBUTED))
+            continue
+        linted.append(name)
+    return LintReport(findings, linted, skipped)
+
+
+def format_report(report: LintReport) -> str:
+    """The findings, a line per skipped file, and the summary."""
+    lines = [format_findings(report.findings)]
+    summary = lines.pop()
+    lines += [f"skipped {p}: {why}" for p, why in report.skipped]
+    if report.skipped:
+        summary += f"; {len(report.skipped)} file(s) skipped"
+    return "\n".join([*lines, summary])
 
 
 def format_findings(findings: list[Finding]) -> str:

@@ -8,10 +8,13 @@ answers them once per script, without running it and without importing torch:
   `dist.init_process_group` is `torch.distributed.init_process_group`;
 - `guarded(node)` is True when the node only runs on rank 0: inside `if rank == 0:`
   (or `is_main_process`, `not rank`, ...), after `if rank != 0: return`, or in a function
-  every call of which is so guarded;
+  every call of which is so guarded (`guard_of` also says which rank the guard tests);
 - `rank_kind(expr, scope)` says whether a value is the *local* rank (LOCAL_RANK, or a
   function returning it) or the *global* rank (RANK, dist.get_rank(), whatever is passed
-  as `rank=` to init_process_group), following assignments, arguments and returns.
+  as `rank=` to init_process_group); `lint_flow.Flow` follows it through assignments,
+  `self.` attributes, arguments of functions, constructors and methods, and returns;
+- `before_process_group(node)`, `spawn_parent(node)`, `single_node()`: when and on how
+  many processes a line runs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+
+from disttrain.diagnose.lint_flow import (  # noqa: F401  (literal_str, keyword, argparse_default: the rules' helpers)
+    Flow,
+    argparse_default,
+    env_key,
+    keyword,
+    literal_str,
+)
 
 MODULE = "<module>"
 _RANKISH = re.compile(r"rank", re.IGNORECASE)
@@ -28,6 +39,7 @@ _MAIN_FLAGS = re.compile(
     r"is_world_process_zero|is_local_process_zero)$", re.IGNORECASE)
 _EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_INITS = ("init_process_group", "init_device_mesh")   # what creates the process group
 
 
 class ScriptInfo:
@@ -61,11 +73,10 @@ class ScriptInfo:
                 if isinstance(t, ast.Name):
                     self.assignments.setdefault(t.id, []).append(node)
         self._call_names = {id(c): self.qualname(c.func) for c in self.calls}
-        self._guard_cache: dict[str, bool] = {}
-        self.local: set[tuple[str, str]] = set()
-        self.global_: set[tuple[str, str]] = set()
-        self._returns: dict[str, str] = {}
-        self._taint()
+        self._guard_cache: dict[int, set[str]] = {}
+        self.flow = Flow(self)
+        self._before_cache: dict[int, bool] = {}
+        self._reach_cache: dict[tuple[int, tuple[str, ...]], bool] = {}
 
     # -- names ---------------------------------------------------------------------------
     def _imports(self) -> dict[str, str]:
@@ -146,9 +157,12 @@ class ScriptInfo:
 
     def in_unused_function(self, node: ast.AST) -> bool:
         """Inside a function this module never calls nor passes on (a library API):
-        where and on how many ranks it runs cannot be told from here."""
+        where and on how many ranks it runs cannot be told from here. Methods count as
+        used: a constructor runs when its class is called, other methods through objects
+        the module may never name (docs/troubleshooting.md §3)."""
         for anc in self.ancestors(node):
-            if isinstance(anc, _FUNCS) and anc.name not in self._referenced:
+            if isinstance(anc, _FUNCS) and anc.name not in self._referenced \
+                    and not isinstance(self.parents.get(anc), ast.ClassDef):
                 return True
         return False
 
@@ -157,7 +171,8 @@ class ScriptInfo:
 
     # -- rank-0 guards -------------------------------------------------------------------
     def is_rank_expr(self, expr: ast.AST) -> bool:
-        """Does this expression denote a rank (a name containing 'rank', get_rank(), ...)?"""
+        """Does this expression denote a rank (get_rank(), a value derived from LOCAL_RANK or
+        RANK, a name containing 'rank', ...)?"""
         if isinstance(expr, ast.Call):
             name = self.call_name(expr)
             if name.endswith(("get_rank", "get_local_rank", "get_node_local_rank",
@@ -165,9 +180,11 @@ class ScriptInfo:
                 return True
             if name == "int" and expr.args:
                 return self.is_rank_expr(expr.args[0])
-            return _env_key(expr) in ("RANK", "LOCAL_RANK")
-        if isinstance(expr, ast.Subscript):
-            return _env_key(expr) in ("RANK", "LOCAL_RANK")
+        if isinstance(expr, (ast.Call, ast.Subscript)) and env_key(expr) in ("RANK", "LOCAL_RANK"):
+            return True
+        if isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and \
+                self.kinds(expr) & {"local", "global"}:
+            return True
         if isinstance(expr, ast.Name):
             return bool(_RANKISH.search(expr.id))
         if isinstance(expr, ast.Attribute):
@@ -216,23 +233,9 @@ class ScriptInfo:
 
     def guarded(self, node: ast.AST) -> bool:
         """Does `node` run on rank 0 only?"""
-        child: ast.AST = node
-        for anc in self.ancestors(node):
-            if isinstance(anc, (ast.If, ast.IfExp)):
-                in_body = child in (anc.body if isinstance(anc.body, list) else [anc.body])
-                in_else = child in (anc.orelse if isinstance(anc.orelse, list) else [anc.orelse])
-                if in_body and self.rank_zero_test(anc.test):
-                    return True
-                if in_else and self.rank_zero_test(anc.test, negated=True):
-                    return True
-            if isinstance(child, ast.stmt) and self._after_early_exit(anc, child):
-                return True
-            if isinstance(anc, _FUNCS):
-                return self._function_guarded(anc.name)
-            child = anc
-        return False
+        return bool(self.guard_of(node))
 
-    def _after_early_exit(self, parent: ast.AST, stmt: ast.stmt) -> bool:
+    def _early_exit(self, parent: ast.AST, stmt: ast.stmt) -> ast.If | None:
         """`if rank != 0: return` earlier in the same block."""
         for field in ("body", "orelse", "finalbody"):
             block = getattr(parent, field, None)
@@ -241,100 +244,178 @@ class ScriptInfo:
                     if (isinstance(prev, ast.If) and not prev.orelse and prev.body
                             and isinstance(prev.body[-1], _EXITS)
                             and self.rank_zero_test(prev.test, negated=True)):
-                        return True
-        return False
+                        return prev
+        return None
 
-    def _function_guarded(self, name: str) -> bool:
+    def _function_guarded(self, func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         """Every call of this function (or method) in the module runs on rank 0 only."""
-        if name in self._guard_cache:
-            return self._guard_cache[name]
-        self._guard_cache[name] = False   # recursion: assume not guarded
-        sites = [c for c in self.calls   # f(...) and, for methods, self.f(...)
-                 if (isinstance(c.func, ast.Name) and c.func.id == name)
-                 or (isinstance(c.func, ast.Attribute) and c.func.attr == name)]
-        result = bool(sites) and all(self.guarded(c) for c in sites)
-        self._guard_cache[name] = result
-        return result
+        return bool(self.guard_kinds(func))
+
+    def guard_kinds(self, func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+        """If every call of `func` is rank-0 guarded: the kinds of rank the guards test
+        ('local', 'global', or '?' when unknown); empty when some call is unguarded."""
+        key = id(func)
+        if key in self._guard_cache:
+            return self._guard_cache[key]
+        self._guard_cache[key] = set()   # recursion: assume not guarded
+        sites = self.call_sites(func)
+        kinds: set[str] = set()
+        for c in sites:
+            found = self.guard_of(c)
+            if not found:
+                kinds = set()
+                break
+            kinds |= found
+        self._guard_cache[key] = kinds
+        return kinds
+
+    def call_sites(self, func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+        """f(...) and, for methods, self.f(...); a constructor's: calls of its class."""
+        name = func.name
+        owner = self.parents.get(func)
+        if name == "__init__" and isinstance(owner, ast.ClassDef):
+            return [c for c in self.calls if isinstance(c.func, ast.Name)
+                    and c.func.id == owner.name]
+        return [c for c in self.calls
+                if (isinstance(c.func, ast.Name) and c.func.id == name)
+                or (isinstance(c.func, ast.Attribute) and c.func.attr == name)]
+
+    def guard_of(self, node: ast.AST) -> set[str]:
+        """The kinds of rank the rank-0 guard of `node` tests (empty: not guarded)."""
+        child: ast.AST = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, (ast.If, ast.IfExp)):
+                in_body = child in (anc.body if isinstance(anc.body, list) else [anc.body])
+                in_else = child in (anc.orelse if isinstance(anc.orelse, list) else [anc.orelse])
+                if (in_body and self.rank_zero_test(anc.test)) or (
+                        in_else and self.rank_zero_test(anc.test, negated=True)):
+                    return self._test_kinds(anc.test)
+            if isinstance(child, ast.stmt):
+                prev = self._early_exit(anc, child)
+                if prev is not None:
+                    return self._test_kinds(prev.test)
+            if isinstance(anc, _FUNCS):
+                return self.guard_kinds(anc)
+            child = anc
+        return set()
+
+    def _test_kinds(self, test: ast.AST) -> set[str]:
+        kinds = {k for n in ast.walk(test) for k in self.kinds(n) if k in ("local", "global")}
+        for n in ast.walk(test):
+            name = n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(
+                n, ast.Name) else ""
+            if name and _MAIN_FLAGS.match(name):
+                kinds.add("local" if "local" in name.lower() else "?")
+        return kinds or {"?"}
 
     # -- local vs global rank ------------------------------------------------------------
     def rank_kind(self, expr: ast.AST, scope: str) -> str | None:
         """'local' (LOCAL_RANK-derived), 'global' (RANK-derived) or None (unknown)."""
-        if isinstance(expr, (ast.Subscript, ast.Call)) and _env_key(expr):
-            return {"LOCAL_RANK": "local", "RANK": "global"}.get(_env_key(expr) or "")
-        if isinstance(expr, ast.Call):
-            name = self.call_name(expr)
-            if name.endswith(("get_local_rank", "get_node_local_rank", "current_device")):
-                return "local"
-            if name.endswith("get_rank"):
-                return "global"
-            if name in ("int", "str") and expr.args:
-                return self.rank_kind(expr.args[0], scope)
-            if isinstance(expr.func, ast.Name) and expr.func.id in self._returns:
-                return self._returns[expr.func.id]
-            return None
-        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
-            return "local"   # rank % torch.cuda.device_count(): a valid device index
-        if isinstance(expr, ast.Attribute) and expr.attr in ("local_rank", "gpu"):
-            return "local"
-        if isinstance(expr, ast.Name):
-            key = (scope, expr.id)
-            if key in self.local or (expr.id == "local_rank" and key not in self.global_):
-                return "local"
-            if key in self.global_:
-                return "global"
-        return None
+        return self.flow.rank_kind(expr, scope)
 
-    def _taint(self) -> None:
-        """Propagate local/global rank through assignments, arguments, returns (fixpoint)."""
-        relevant = [n for n in self.nodes if isinstance(n, (ast.Assign, ast.Return, ast.Call))]
-        for _ in range(8):
-            before = (len(self.local), len(self.global_), len(self._returns))
-            for node in relevant:
-                if isinstance(node, ast.Assign):
-                    kind = self.rank_kind(node.value, self.scope_of(node))
-                    for target in node.targets:
-                        if isinstance(target, ast.Name) and kind:
-                            self._mark(self.scope_of(node), target.id, kind)
-                elif isinstance(node, ast.Return) and node.value is not None:
-                    func = self.function_of(node)
-                    kind = self.rank_kind(node.value, self.scope_of(node))
-                    if func is not None and kind:
-                        self._returns.setdefault(func.name, kind)
-                elif isinstance(node, ast.Call):
-                    self._taint_call(node)
-            if (len(self.local), len(self.global_), len(self._returns)) == before:
-                break
-
-    def _taint_call(self, call: ast.Call) -> None:
-        scope = self.scope_of(call)
-        if self.call_name(call).endswith("init_process_group"):
-            for kw in call.keywords:   # whatever init_process_group takes as rank= is global
-                if kw.arg == "rank" and isinstance(kw.value, ast.Name):
-                    self._mark(scope, kw.value.id, "global")
-            return
-        if not isinstance(call.func, ast.Name) or call.func.id not in self.functions:
-            return
-        func = self.functions[call.func.id]
-        params = [a.arg for a in func.args.args]
-        pairs = list(zip(params, call.args))
-        pairs += [(kw.arg, kw.value) for kw in call.keywords if kw.arg in params]
-        for param, arg in pairs:
-            kind = self.rank_kind(arg, scope)
-            if kind:
-                self._mark(func.name, param, kind)
-            # a parameter used as the global rank makes the caller's variable global
-            if isinstance(arg, ast.Name) and (func.name, param) in self.global_:
-                self._mark(scope, arg.id, "global")
-
-    def _mark(self, scope: str, name: str, kind: str) -> None:
-        (self.local if kind == "local" else self.global_).add((scope, name))
+    def kinds(self, expr: ast.AST) -> set[str]:
+        """What `expr` holds (lint_flow.py): 'local', 'global', 'envdict', 'loader'."""
+        return self.flow.of(expr, self.scope_of(expr))
 
     # -- script-level facts ----------------------------------------------------------------
     def is_distributed(self) -> bool:
         """Does the script run as several processes (init_process_group, DDP, spawn, ...)?"""
         return any(True for _ in self.calls_to(
-            "init_process_group", "DistributedDataParallel", "DistributedSampler",
+            "init_process_group", "init_device_mesh", "DistributedDataParallel",
+            "DistributedSampler",
             "torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"))
+
+    def looks_distributed(self) -> bool:
+        """Anything of torch.distributed, DDP/DataParallel, a sampler, RPC or a launcher: a
+        script `disttrain lint` has something to say about (model files are skipped)."""
+        if any(v.startswith(("torch.distributed", "torch.nn.parallel", "torch.multiprocessing"))
+               for v in self.aliases.values()):
+            return True
+        if any(True for _ in self.calls_to("DataParallel", "DistributedDataParallel",
+                                           "DistributedSampler", "init_process_group")):
+            return True
+        return any(isinstance(n, ast.Constant) and n.value in ("LOCAL_RANK", "RANK", "torchrun")
+                   for n in self.nodes) or any(
+            (self.qualname(n) or "").startswith(("torch.distributed", "torch.nn.parallel"))
+            for n in self.nodes if isinstance(n, ast.Attribute))
+
+    def uses_rpc(self) -> bool:
+        """An RPC program (torch.distributed.rpc): its ranks have roles, not one loop each."""
+        return any(v == "torch.distributed.rpc" or v.startswith("torch.distributed.rpc.")
+                   for v in self.aliases.values())
+
+    def data_parallel(self) -> bool:
+        """Does the script replicate a model over ranks (DDP, FSDP, fully_shard)?"""
+        return any(True for _ in self.calls_to(
+            "DistributedDataParallel", "FullyShardedDataParallel", "fully_shard"))
+
+    def single_node(self) -> bool:
+        """Rendezvous hard-wired to this machine (MASTER_ADDR = 'localhost' assigned, or a
+        tcp://localhost init_method): there the global rank is the local rank."""
+        loopback = ("localhost", "127.0.0.1")
+        for node in self.nodes:
+            if isinstance(node, ast.Assign) and literal_str(node.value) in loopback and any(
+                    isinstance(t, ast.Subscript) and literal_str(t.slice) == "MASTER_ADDR"
+                    for t in node.targets):
+                return True
+        for call in self.calls_to("init_process_group"):
+            method = literal_str(keyword(call, "init_method", 1)) or ""
+            if any(method.startswith(f"tcp://{h}:") for h in loopback):
+                return True
+        return False
+
+    def reaches(self, node: ast.AST, names: tuple[str, ...], depth: int = 6) -> bool:
+        """Does `node` call (directly or through this module's functions) one of `names`?"""
+        key = (id(node), names)
+        if key in self._reach_cache:
+            return self._reach_cache[key]
+        self._reach_cache[key] = False   # recursion: assume not
+        found = False
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            name = self.call_name(call)
+            if any(name == s or name.endswith("." + s) for s in names) or (
+                    depth > 0 and any(self.reaches(fn, names, depth - 1)
+                                      for fn, _ in self.flow.targets(call))):
+                found = True
+                break
+        self._reach_cache[key] = found
+        return found
+
+    def before_process_group(self, node: ast.AST) -> bool:
+        """Does `node` run before the script creates its process group: a later statement
+        of an enclosing block (or of every caller) calls init_process_group (or
+        init_device_mesh)?"""
+        key = id(node)
+        if key in self._before_cache:
+            return self._before_cache[key]
+        self._before_cache[key] = False   # recursion: assume not
+        child, result = node, False
+        for anc in self.ancestors(node):
+            if isinstance(child, ast.stmt):
+                for field in ("body", "orelse", "finalbody"):
+                    block = getattr(anc, field, None)
+                    if isinstance(block, list) and child in block and any(
+                            self.reaches(s, _INITS)
+                            for s in block[block.index(child) + 1:]):
+                        result = True
+            if result or isinstance(anc, _FUNCS):
+                if not result and isinstance(anc, _FUNCS):
+                    sites = self.call_sites(anc)
+                    result = bool(sites) and all(self.before_process_group(c) for c in sites)
+                break
+            child = anc
+        self._before_cache[key] = result
+        return result
+
+    def spawn_parent(self, node: ast.AST) -> bool:
+        """In an mp.spawn script, code of the parent (module level, or the function that
+        calls mp.spawn): it runs once, not once per worker."""
+        spawns = list(self.calls_to("torch.multiprocessing.spawn",
+                                    "torch.multiprocessing.start_processes"))
+        if not spawns:
+            return False
+        func = self.function_of(node)
+        return func is None or any(self.function_of(c) is func for c in spawns)
 
     def uses_gpu(self) -> bool:
         """Does the script put tensors on a GPU (weak signals count: 'cuda' strings too)?"""
@@ -378,37 +459,4 @@ def _int(expr: ast.AST) -> int | None:
         return -inner if inner is not None else None
     if isinstance(expr, ast.Constant) and type(expr.value) is int:
         return expr.value
-    return None
-
-
-def _env_key(expr: ast.AST) -> str | None:
-    """'RANK' for os.environ['RANK'], os.environ.get('RANK'), os.getenv('RANK')."""
-    if isinstance(expr, ast.Subscript) and _is_environ(expr.value):
-        key = expr.slice
-        return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
-    if isinstance(expr, ast.Call) and expr.args and isinstance(expr.args[0], ast.Constant):
-        func = expr.func
-        is_get = isinstance(func, ast.Attribute) and func.attr == "get" and _is_environ(func.value)
-        is_getenv = isinstance(func, ast.Attribute) and func.attr == "getenv"
-        if (is_get or is_getenv) and isinstance(expr.args[0].value, str):
-            return expr.args[0].value
-    return None
-
-
-def _is_environ(expr: ast.AST) -> bool:
-    return isinstance(expr, ast.Attribute) and expr.attr == "environ"
-
-
-def literal_str(expr: ast.AST | None) -> str | None:
-    return expr.value if isinstance(expr, ast.Constant) and isinstance(expr.value, str) else None
-
-
-def keyword(call: ast.Call, name: str, position: int | None = None) -> ast.AST | None:
-    """The argument `name` of a call, given by keyword or at `position`."""
-    for kw in call.keywords:
-        if kw.arg == name:
-            return kw.value
-    if position is not None and len(call.args) > position:
-        arg = call.args[position]
-        return None if isinstance(arg, ast.Starred) else arg
     return None

@@ -3,8 +3,8 @@
 Each check takes a ScriptInfo and yields (node, message, fix or None); None means the
 rule's default fix from RULES. Ids are stable: a new rule takes the next free id, a
 retired rule's id is never reused. The rules live by topic in `rules_checklist.py`
-(DT001-DT005), `rules_sync.py` (DT006-DT010) and `rules_pitfalls.py` (DT011 on);
-`lint.py` imports all three, and RULES lists them in id order.
+(DT001-DT005), `rules_sync.py` (DT006-DT010), `rules_pitfalls.py` (DT011-DT018) and
+`rules_scripts.py` (DT019 on); `lint.py` imports all four, and RULES lists them in id order.
 """
 
 from __future__ import annotations

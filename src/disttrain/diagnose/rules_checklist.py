@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from disttrain.diagnose.lint_ctx import ScriptInfo, keyword, literal_str
+from disttrain.diagnose.lint_ctx import ScriptInfo, argparse_default, keyword, literal_str
 from disttrain.diagnose.lint_registry import Hit, rule, src
 
 
@@ -48,7 +48,18 @@ def dt002(info: ScriptInfo) -> Iterator[Hit]:
         world = keyword(call, "world_size", 3)
         if isinstance(world, ast.Constant) and world.value == 1:
             continue   # a one-process group: the backend never moves data
-        backend = (literal_str(keyword(call, "backend", 0)) or "").lower()
+        given = keyword(call, "backend", 0)
+        default = argparse_default(info, given) if given is not None else None
+        if default is not None and (literal_str(default) or "").lower() == "nccl" \
+                and _has_cpu_path(info):
+            yield (call, f'{src(given)} defaults to "nccl" (argparse, line {default.lineno}), '
+                         f'but the script also has a CPU path (torch.cuda.is_available() ... '
+                         f'"cpu"): run without the flag on a machine without GPUs, '
+                         f'init_process_group("nccl") fails before that path is reached',
+                   "Make the default follow the device: `default=None`, then `backend = "
+                   'args.backend or ("nccl" if torch.cuda.is_available() else "gloo")`.')
+            continue
+        backend = (literal_str(given) or "").lower()
         if backend == "nccl" and not info.uses_gpu():
             yield (call, 'backend="nccl" but the script never puts a tensor on a GPU: NCCL '
                          'only moves CUDA tensors ("No backend type associated with device '
@@ -58,7 +69,8 @@ def dt002(info: ScriptInfo) -> Iterator[Hit]:
                          '(torch.cuda.is_available() ... "cpu"): on a machine without GPUs '
                          'init_process_group("nccl") fails before that path is reached',
                    _CPU_PATH_FIX)
-        elif backend == "gloo" and info.trains_on_gpu():
+        elif backend == "gloo" and info.trains_on_gpu() and not (
+                info.uses_rpc() and not info.data_parallel()):   # RPC moves the tensors
             yield (call, 'backend="gloo" in a script that trains on GPUs: gloo copies every '
                          'gradient through the CPU and is several times slower than NCCL',
                    None)
@@ -72,6 +84,8 @@ def _loaderish(info: ScriptInfo, expr: ast.AST, loaders: set[str]) -> bool:
     while isinstance(expr, ast.Call) and expr.args and \
             info.call_name(expr).split(".")[-1] in _WRAPPERS:
         expr = expr.args[0]
+    if "loader" in info.kinds(expr):   # followed through assignments, self., arguments
+        return True
     if isinstance(expr, ast.Name):
         return expr.id in loaders or "loader" in expr.id.lower()
     if isinstance(expr, ast.Attribute):
@@ -92,11 +106,12 @@ def _nearest_loop(info: ScriptInfo, node: ast.AST) -> ast.AST | None:
 
 
 def _epoch_loops(info: ScriptInfo, loaders: set[str]) -> list[ast.AST]:
-    """Loops that iterate a data loader once per pass: the epoch loops."""
+    """Loops that iterate a data loader once per pass: the epoch loops (the loader loop
+    may sit in a function or method the epoch loop calls, as in the DDP tutorial)."""
     loops: list[ast.AST] = []
     pending = [n for n in info.nodes
                if isinstance(n, (ast.For, ast.AsyncFor)) and _loaderish(info, n.iter, loaders)]
-    seen_funcs: set[str] = set()
+    seen_funcs: set[int] = set()
     while pending:
         node = pending.pop()
         loop = _nearest_loop(info, node)
@@ -105,12 +120,25 @@ def _epoch_loops(info: ScriptInfo, loaders: set[str]) -> list[ast.AST]:
                 loops.append(loop)
             continue
         func = info.function_of(node)   # the loader loop is a function called per epoch
-        if func is None or func.name in seen_funcs:
+        if func is None or id(func) in seen_funcs:
             continue
-        seen_funcs.add(func.name)
-        pending += [c for c in info.calls if isinstance(c.func, ast.Name)
-                    and c.func.id == func.name]
+        seen_funcs.add(id(func))
+        pending += info.call_sites(func)
     return sorted(loops, key=lambda n: n.lineno)
+
+
+def _sets_epoch(info: ScriptInfo, loop: ast.AST) -> bool:
+    """Does each pass of `loop` call set_epoch (itself or in what it calls), or hand a
+    sampler or loader to a function this module does not define (it may set it)?"""
+    if info.reaches(loop, ("set_epoch",)):
+        return True
+    for call in (n for n in ast.walk(loop) if isinstance(n, ast.Call)):
+        if any(True for _ in info.flow.targets(call)):
+            continue
+        args = [*call.args, *(k.value for k in call.keywords)]
+        if any("sampler" in ast.unparse(a).lower() for a in args):
+            return True
+    return False
 
 
 @rule("DT003", "set-epoch",
@@ -119,13 +147,15 @@ def _epoch_loops(info: ScriptInfo, loaders: set[str]) -> list[ast.AST]:
       "of every epoch, before iterating the loader (deployment guide §5.1: 必须调用).")
 def dt003(info: ScriptInfo) -> Iterator[Hit]:
     samplers = list(info.calls_to("DistributedSampler"))
-    if not samplers or any(True for _ in info.method_calls("set_epoch")):
+    if not samplers:
         return
     loaders = {t.id for n in info.nodes if isinstance(n, ast.Assign)
                and isinstance(n.value, ast.Call)
                and info.call_name(n.value).endswith("DataLoader")
                for t in n.targets if isinstance(t, ast.Name)}
     for loop in _epoch_loops(info, loaders):
+        if _sets_epoch(info, loop):
+            continue
         yield (loop, f"this loop iterates the data loader every pass, but the "
                      f"DistributedSampler (line {samplers[0].lineno}) never gets "
                      f"set_epoch(epoch): every epoch repeats the same shuffled order", None)
@@ -177,17 +207,17 @@ _DT004 = {
       "saving, printing or logging without a rank-0 guard",
       "Wrap it in `if dist.get_rank() == 0:` (checklist: save and log only on rank 0).")
 def dt004(info: ScriptInfo) -> Iterator[Hit]:
-    if not info.is_distributed():
-        return
-    spawn = any(True for _ in info.calls_to("torch.multiprocessing.spawn"))
+    if not info.is_distributed() or info.uses_rpc():
+        return   # an RPC program's ranks have roles: each reports its own work
     for call in info.calls:
         kind = _output_kind(info, call)
         if kind is None or info.guarded(call) or info.in_except(call) \
                 or info.in_unused_function(call):
             continue
-        if kind == "print" and (_mentions_rank(info, call) or
-                                (spawn and info.function_of(call) is None)):
-            continue   # per-rank messages are meant; spawn's parent prints once
+        if kind != "save" and (info.spawn_parent(call) or info.before_process_group(call)):
+            continue   # spawn's parent prints once; before init_process_group, no job yet
+        if kind == "print" and _mentions_rank(info, call):
+            continue   # per-rank messages are meant
         message, fix = _DT004[kind]
         yield call, message.format(what=src(call.func) + "()"), fix
 
@@ -197,11 +227,18 @@ _OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax
                "RAdam", "SparseAdam", "LBFGS", "Lion", "LAMB", "Lamb", "LARS", "Adafactor"}
 
 
-def _constant_number(info: ScriptInfo, expr: ast.AST, scope_node: ast.AST | None) -> float | None:
-    """A numeric literal, or a name only ever assigned one (in its scope, else the module)."""
+def _constant_number(info: ScriptInfo, expr: ast.AST, scope_node: ast.AST | None,
+                     depth: int = 4) -> float | None:
+    """A numeric literal, a name only ever assigned one (in its scope, else the module), or
+    `args.lr` whose argparse default is one and that nothing reassigns."""
     if isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float)) \
             and not isinstance(expr.value, bool):
         return float(expr.value)
+    if depth <= 0:
+        return None
+    if isinstance(expr, ast.Attribute):
+        default = argparse_default(info, expr)
+        return _constant_number(info, default, None, 0) if default is not None else None
     if not isinstance(expr, ast.Name):
         return None
     nodes = info.assignments.get(expr.id, [])
@@ -210,8 +247,7 @@ def _constant_number(info: ScriptInfo, expr: ast.AST, scope_node: ast.AST | None
     if not values or any(isinstance(n, ast.AugAssign) or getattr(n, "value", None) is None
                          for n in values):
         return None
-    nums = [_constant_number(info, n.value, None) if isinstance(n.value, ast.Constant) else None
-            for n in values]
+    nums = [_constant_number(info, n.value, scope_node, depth - 1) for n in values]
     return nums[0] if all(x is not None for x in nums) else None
 
 
@@ -221,8 +257,8 @@ def _constant_number(info: ScriptInfo, expr: ast.AST, scope_node: ast.AST | None
       "warmup for large world sizes), or keep the global batch fixed; if this lr was tuned "
       "for this world size, say so with `# disttrain: ignore[DT005]`.")
 def dt005(info: ScriptInfo) -> Iterator[Hit]:
-    if not info.is_distributed():
-        return
+    if not info.is_distributed() or not info.data_parallel() or info.uses_rpc():
+        return   # only replicas that average gradients see an N-times larger batch
     for call in info.calls:
         name = info.call_name(call)
         short = name.split(".")[-1]
@@ -234,6 +270,7 @@ def dt005(info: ScriptInfo) -> Iterator[Hit]:
             continue
         value = _constant_number(info, lr, info.function_of(call))
         if value is not None:
-            yield (call, f"lr={src(lr)} is not scaled with the world size: with N ranks the "
+            shown = src(lr) if isinstance(lr, ast.Constant) else f"{src(lr)} (= {value:g})"
+            yield (call, f"lr={shown} is not scaled with the world size: with N ranks the "
                          f"global batch is N times larger, so each step averages over more "
                          f"samples", None)

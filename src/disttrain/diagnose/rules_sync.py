@@ -97,35 +97,66 @@ def dt006(info: ScriptInfo) -> Iterator[Hit]:
 
 
 # -- DT007 --------------------------------------------------------------------------------
-def _device_problem(info: ScriptInfo, expr: ast.AST, scope: str) -> str | None:
-    if isinstance(expr, ast.Constant) and isinstance(expr.value, int) \
+def _device_problem(info: ScriptInfo, expr: ast.AST, scope: str,
+                    constants: bool = True) -> str | None:
+    if constants and isinstance(expr, ast.Constant) and isinstance(expr.value, int) \
             and not isinstance(expr.value, bool):
         return (f"hard-codes GPU {expr.value}: every rank uses the same GPU (NCCL: Duplicate "
                 f"GPU detected, or one card carries every process)")
-    if info.rank_kind(expr, scope) == "global":
-        return (f"`{src(expr)}` is the global rank (what init_process_group gets as rank): it "
-                f"is a valid GPU index only on a single node; on the next node it exceeds the "
-                f"GPU count (CUDA error: invalid device ordinal)")
+    if info.rank_kind(expr, scope) == "global" and not info.single_node():
+        return (f"`{src(expr)}` is the global rank (RANK, dist.get_rank(), what "
+                f"init_process_group gets as rank): it is a valid GPU index only on a single "
+                f"node; on the next node it exceeds the GPU count (CUDA error: invalid device "
+                f"ordinal)")
     return None
 
 
+# calls that take a device index as their first argument
+_SET_DEVICE = ("torch.cuda.set_device", "torch.accelerator.set_device_index",
+               "torch.accelerator.set_device_idx", "torch.accelerator.device_index",
+               "torch.cuda.device", "torch.xpu.set_device")
+
+
 @rule("DT007", "local-rank-device",
-      "DDP device_ids (or torch.cuda.set_device) not taken from LOCAL_RANK",
+      "a device (DDP device_ids, set_device, torch.accelerator.*, .to/.cuda) not taken from "
+      "LOCAL_RANK",
       "Use the local rank: `local_rank = int(os.environ['LOCAL_RANK'])`, "
       "`torch.cuda.set_device(local_rank)`, `DDP(model, device_ids=[local_rank])`.")
 def dt007(info: ScriptInfo) -> Iterator[Hit]:
+    moves: dict[int, list[tuple[ast.Call, str]]] = {}   # function -> .to(rank)/.cuda(rank)
+    for call in info.method_calls("to", "cuda"):
+        if call.args:
+            problem = _device_problem(info, call.args[0], info.scope_of(call), constants=False)
+            if problem:
+                moves.setdefault(id(info.function_of(call)), []).append((call, problem))
+    named: set[int] = set()
+
+    def also(call: ast.Call) -> str:
+        """The same function's .to(rank) lines, named with the device_ids/set_device hit."""
+        func = id(info.function_of(call))
+        lines = sorted({c.lineno for c, _ in moves.get(func, [])})
+        named.add(func)
+        where = ("line " if len(lines) == 1 else "lines ") + ", ".join(map(str, lines))
+        return f" (and .to/.cuda with it on {where})" if lines else ""
+
     for call in info.calls_to("DistributedDataParallel"):
         ids = keyword(call, "device_ids", 1)
         if isinstance(ids, (ast.List, ast.Tuple)):
             for elt in ids.elts:
                 problem = _device_problem(info, elt, info.scope_of(call))
                 if problem:
-                    yield call, f"device_ids=[{src(elt)}] {problem}", None
-    for call in info.calls_to("torch.cuda.set_device"):
+                    yield call, f"device_ids=[{src(elt)}] {problem}{also(call)}", None
+    for call in info.calls_to(*_SET_DEVICE):
         if call.args:
             problem = _device_problem(info, call.args[0], info.scope_of(call))
             if problem:
-                yield call, f"torch.cuda.set_device({src(call.args[0])}) {problem}", None
+                yield call, f"{src(call.func)}({src(call.args[0])}) {problem}{also(call)}", None
+    for func, found in moves.items():   # one finding per function: the same mistake
+        if func not in named:
+            call, problem = found[0]
+            rest = [str(c.lineno) for c, _ in found[1:]]
+            more = f" (also line{'s' if len(rest) > 1 else ''} {', '.join(rest)})" if rest else ""
+            yield call, f".{call.func.attr}({src(call.args[0])}) {problem}{more}", None  # type: ignore[attr-defined]
 
 
 # -- DT008 --------------------------------------------------------------------------------
