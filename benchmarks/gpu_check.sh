@@ -32,3 +32,8 @@ timeout 150 python3 -m disttrain.cli.main run --example chargpt --epochs 3 --pre
 timeout 150 python3 -m disttrain.cli.main run --example chargpt --epochs 2 --strategy fsdp \
   --run-dir "$OUT/chargpt-fsdp" 2>&1 | tail -3
 timeout 200 python3 -m disttrain.cli.main bench overhead --example chargpt --rounds 2 2>&1 | tail -4
+# 5. the step-time breakdown with CUDA events (train/step_timing.py): its test, and the
+#    chargpt run's per-rank phases and straggler verdict from summary.json
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/train/test_step_timing.py -k cuda 2>&1 | tail -3
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); [print(r) for r in s['ranks']]; \
+print('straggler:', s['straggler'])" "$OUT/chargpt-bf16/summary.json"

@@ -218,7 +218,7 @@ def _paired_rank(blocks: int, block_steps: int) -> dict[str, list[float]]:
                         plain_opt.step()
                     else:
                         x, y = next(trainer_batches)
-                        trainer.train_step(x, y, 1.0, sync=True)
+                        trainer.train_step((x, y), 1.0, sync=True)
                         trainer.optimizer_step()
                 if b:
                     out[side].append(time.perf_counter() - t0)

@@ -9,8 +9,11 @@ from disttrain.rundir import (
     JOB_YAML,
     RUN_OUTPUTS,
     checkpoint_dir,
+    mark_latest,
+    next_attempt_dir,
     open_writer,
     prepare_run_dir,
+    read_metrics,
 )
 
 
@@ -49,7 +52,8 @@ def test_a_fresh_folder_is_created_without_a_note(tmp_path):
 
 
 def test_outputs_and_checkpoint_folder_names():
-    assert RUN_OUTPUTS == ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs")
+    assert RUN_OUTPUTS == ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs",
+                           "tb", "report.png", "live", "ranks.json", "stop.json")
     assert checkpoint_dir("runs/x").as_posix() == "runs/x/checkpoints"
 
 
@@ -76,3 +80,34 @@ def test_writer_records_truncation_and_last_train_loss(tmp_path):
     w.finish({"steps": 2})
     assert json.loads((tmp_path / "summary.json").read_text()) == {"steps": 2}
     assert (tmp_path / "loss.png").is_file()
+
+
+def test_a_scripts_attempts_each_get_a_folder_and_latest_follows(tmp_path):
+    base = tmp_path / "runs" / "train"
+    first = next_attempt_dir(base)
+    assert first == base / "run-1" and not base.exists()  # nothing created before the start
+    prepare_run_dir(first, "name: train\n", clear=False, note=print)
+    mark_latest(first)
+    (base / "run-9").mkdir()
+    (base / "run-x").mkdir()  # not an attempt number: ignored
+    nxt = next_attempt_dir(base)
+    assert nxt == base / "run-10"
+    prepare_run_dir(nxt, "name: train\n", clear=False, note=print)
+    link = mark_latest(nxt)
+    assert link.is_symlink() and link.resolve() == nxt.resolve()
+    assert (first / JOB_YAML).exists()  # the earlier attempt is left alone
+
+
+def test_a_torn_last_record_is_dropped_on_resume(tmp_path):
+    """A run killed or out of disk space mid-append leaves half a record; resuming must not
+    fail on it (the chaos soak's full-disk case found this) and redoes that step."""
+    writer = open_writer(tmp_path, "name: x\n")
+    writer.log([{"split": "train", "step": 1, "loss": 1.0}, {"split": "train", "step": 2, "loss": 0.5}])
+    writer.close()
+    with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"split": "train", "st')
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    writer = open_writer(tmp_path, "name: x\n")
+    writer.truncate_after(1)
+    writer.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"split": "train", "step": 1, "loss": 1.0}\n'

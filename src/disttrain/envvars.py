@@ -77,7 +77,8 @@ FSDP_VERSION = _var("DISTTRAIN_FSDP_VERSION", YOU,
                     "`1` forces FSDP1 even where torch has fully_shard (FSDP2)")
 FAULT = _var("DISTTRAIN_FAULT", YOU,
              "testing only: `ACTION:rank=R:step=S[:phase=P][:restart=N]` makes that rank fail "
-             "at that step (docs/resilience.md)")
+             "at that step (docs/resilience.md); `slow-compute:rank=R:factor=F` or "
+             "`slow-data:rank=R:ms=M` makes it a straggler (docs/performance.md)")
 VERIFY_FAULT = _var("DISTTRAIN_VERIFY_FAULT", YOU,
                     "testing only: `<check>:<rank>[,...]` makes `disttrain verify` fail those "
                     "checks on those ranks (docs/verify-and-bench.md)")
@@ -109,12 +110,32 @@ ERROR_FILE = _var("TORCHELASTIC_ERROR_FILE", TORCHRUN,
 USE_AGENT_STORE = _var("TORCHELASTIC_USE_AGENT_STORE", TORCHRUN,
                        "`True` when the workers share the agent's store, whose keys each "
                        "restart round must keep apart")
+GROUP_RANK = _var("GROUP_RANK", TORCHRUN,
+                  "this worker's node rank (the agent's place in the rendezvous); ranks.json lists it")
+RUN_ID = _var("TORCHELASTIC_RUN_ID", TORCHRUN,
+              "the job's rendezvous id (`--rdzv_id`); the job name in a script rank's process title")
+
+SPT_NOENV = _var("SPT_NOENV", DISTTRAIN,
+                 "`1` while a rank sets its process title: `setproctitle` then keeps "
+                 "/proc/PID/environ readable (the title fits the original command line)")
+SHARE_RDZV_STORE_OFF = _var("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", POD,
+                            "`1` in pods a Job re-creates (launch.max_restarts > 0): a fresh "
+                            "torchrun agent rejoining a surviving one's rendezvous would else "
+                            "wait for the round's MASTER_ADDR, which the survivor never republishes")
 
 # -- written for workers and pods ------------------------------------------------------------
 OMP_NUM_THREADS = _var("OMP_NUM_THREADS", DISTTRAIN,
                        "threads per rank: the train.threads setting, else cores / local ranks")
 PYTHONUNBUFFERED = _var("PYTHONUNBUFFERED", POD,
                         "`1` so that `kubectl logs -f` and benchmarks see output as it comes")
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT = _var(
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", POD,
+    "seconds torchrun waits after forwarding SIGTERM before it SIGKILLs the workers: "
+    "`launch.stop_grace_s` in rendered pods (a torch that does not read it waits 30 s)")
+STOP_RECORD = _var("DISTTRAIN_STOP_RECORD", POD,
+                   "RUN_DIR/stop.json in a built-in job's pods: written there while the pod ran, "
+                   "it makes the pod exit 75 (stopped, resumable) like a signalled one "
+                   "(k8s/stopping.py)")
 PYTHONPATH = _var("PYTHONPATH", POD,
                   "`k8s run-local` puts this disttrain first, so emulated pods import it")
 NCCL_SOCKET_IFNAME = _var("NCCL_SOCKET_IFNAME", POD,

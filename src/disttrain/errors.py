@@ -59,6 +59,10 @@ class PortTaken(LaunchError):
     """The rendezvous port was taken between choosing it and binding it."""
 
 
+class RunDirError(DisttrainError, ValueError):
+    """A run directory that holds no run, or not yet the file asked for; names the file."""
+
+
 class DatasetError(DisttrainError, RuntimeError):
     """A dataset that is missing or unreadable; the message says where it looked."""
 

@@ -3,17 +3,24 @@
     run_dir/
       job.yaml        the resolved spec (written by the launcher before any rank starts)
       metrics.jsonl   one JSON record per line: train losses per rank, eval per epoch
-      checkpoints/    ckpt-<step>.pt, last.pt, dcp-<step>/ under FSDP (train/checkpoint.py)
+      checkpoints/    ckpt-<step>.pt + .manifest.json, last.pt, dcp-<step>/ under FSDP (train/checkpoint.py)
       summary.json    the run's settings and results, written once at the end
       loss.png        training loss per optimizer step, one line per rank
       logs/           the tee'd rank logs of a user script run under torchrun
 
+    runs/<script stem>/run-1, run-2, ...   a user script's attempts, each its own run dir
+    runs/<script stem>/latest              -> the newest attempt
+      tb/             TensorBoard event files, when tensorboard is installed (docs/monitoring.md)
+      report.png      `disttrain report RUN_DIR`: loss, samples/s, step-time breakdown per rank
+
     spec_path = prepare_run_dir(run_dir, spec.to_yaml(), clear=True, note=print)
     writer = open_writer(run_dir, spec.to_yaml())   # rank 0 only
 
-A new run replaces an earlier run's outputs (`RUN_OUTPUTS`) unless it resumes it; job.yaml
-is rewritten, other files in the folder are left alone. Only rank 0 writes (`RunWriter` is
-created on rank 0 alone); other ranks' numbers reach it through collectives.
+A new run of the built-in job replaces an earlier run's outputs (`RUN_OUTPUTS`) unless it
+resumes it; job.yaml is rewritten, other files in the folder are left alone. A user
+script's run never deletes anything: each attempt gets a new folder (`next_attempt_dir`).
+Only rank 0 writes (`RunWriter` is created on rank 0 alone); other ranks' numbers reach
+it through collectives.
 metrics.jsonl is appended and flushed as training goes so that `tail -f` follows a live
 run. Every file is replaced atomically (a temporary name, then a rename), so a reader
 never sees half of one.
@@ -21,6 +28,7 @@ never sees half of one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -34,8 +42,47 @@ CHECKPOINTS = "checkpoints"
 SUMMARY = "summary.json"
 LOSS_PNG = "loss.png"
 LOGS = "logs"
+TB = "tb"                  # TensorBoard event files, when tensorboard is installed (monitor/tensorboard.py)
+REPORT_PNG = "report.png"  # `disttrain report` (monitor/report.py)
+LIVE = "live"              # each rank's live status and the straggler verdict (train/step_timing.py)
+RANKS_JSON = "ranks.json"  # where each rank of the current round runs (resilience/ranks.py)
+STOP_JSON = "stop.json"    # rank 0's record of a clean stop on SIGTERM (resilience/preemption.py)
 # What a run produces, so what a new run (not --resume) in the same folder replaces.
-RUN_OUTPUTS = (METRICS, SUMMARY, LOSS_PNG, CHECKPOINTS, LOGS)
+RUN_OUTPUTS = (METRICS, SUMMARY, LOSS_PNG, CHECKPOINTS, LOGS, TB, REPORT_PNG, LIVE, RANKS_JSON,
+               STOP_JSON)
+
+
+# A user script's attempts: <base>/run-1, run-2, ... and <base>/latest -> the newest one
+ATTEMPT_PREFIX = "run-"
+LATEST = "latest"
+
+
+def next_attempt_dir(base: Path) -> Path:
+    """Where a user script's next attempt goes: `<base>/run-<N+1>` after the highest N
+    there (nothing is created: `prepare_run_dir` does that once the job can start).
+
+    A script's outputs are its logs, which a new attempt must not delete (Lightning's
+    `version_N` folders, torchx's app ids): each attempt gets its own folder instead.
+    """
+    base = Path(base)
+    try:
+        taken = [int(p.name[len(ATTEMPT_PREFIX):]) for p in base.glob(f"{ATTEMPT_PREFIX}*")
+                 if p.name[len(ATTEMPT_PREFIX):].isdigit()] if base.is_dir() else []
+    except OSError:  # an unusable folder: the run dir's own check names it before any write
+        taken = []
+    return base / f"{ATTEMPT_PREFIX}{max(taken, default=0) + 1}"
+
+
+def mark_latest(attempt: Path) -> Path:
+    """Point `<base>/latest` at `attempt` (a relative symlink, replaced atomically)."""
+    attempt = Path(attempt)
+    link = attempt.parent / LATEST
+    tmp = attempt.parent / f".{LATEST}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(attempt.name, target_is_directory=True)
+    os.replace(tmp, link)
+    return link
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -96,6 +143,9 @@ class RunWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / METRICS
         self._metrics = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115
+        from disttrain.monitor.tensorboard import open_events  # None without tensorboard
+
+        self._events = open_events(self.run_dir / TB)
 
     def write_spec(self, yaml_text: str) -> None:
         write_text_atomic(self.run_dir / JOB_YAML, yaml_text)
@@ -104,14 +154,17 @@ class RunWriter:
         for r in records:
             self._metrics.write(json.dumps(r, separators=(",", ":")) + "\n")
         self._metrics.flush()
+        if self._events:
+            self._events.log(records)
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop records logged after the checkpoint, they will be redone."""
         self._metrics.close()
-        kept = [line for line in read_lines(self.metrics_path)
-                if json.loads(line).get("step", 0) <= step]
+        kept = [json.dumps(r) for r in read_metrics(self.metrics_path) if r.get("step", 0) <= step]
         write_text_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
         self._metrics = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115
+        if self._events:
+            self._events.truncate_after(step)
 
     def last_train_loss(self) -> float | None:
         """The mean over ranks of the training loss logged at the last logged step."""
@@ -131,6 +184,8 @@ class RunWriter:
 
     def close(self) -> None:
         self._metrics.close()
+        if self._events:
+            self._events.close()
 
 
 def read_lines(path: Path) -> list[str]:
@@ -140,7 +195,17 @@ def read_lines(path: Path) -> list[str]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in read_lines(path)]
+    """The records of metrics.jsonl, without a torn line: a run killed or out of disk space
+    while appending leaves half a record at the end, which a resume drops and redoes."""
+    records = []
+    for line in read_lines(path):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def last_train_loss(metrics_path: Path) -> float | None:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from disttrain import envvars
 from disttrain.distributed.torch_compat import check_torch, running_torch
-from disttrain.errors import SpecError
+from disttrain.errors import EXIT_STOPPED, CheckpointError, SpecError
 from disttrain.spec.job import JobSpec
 
 T = TypeVar("T")
@@ -37,6 +37,12 @@ def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
     spec = JobSpec.model_validate(spec_data)
     with runtime.setup(spec.launch.backend, spec.launch.timeout_s, threads=spec.train.threads) as rt:
         summary = build_trainer(spec, rt).fit()
+    from disttrain.resilience import preemption
+
+    # SIGTERM / SIGINT, even one that came after the last step: the agent is closing and
+    # will not read the result (see why in resilience/preemption.py)
+    if summary.get("stopped") or preemption.received():
+        preemption.exit_after_return(EXIT_STOPPED if summary.get("stopped") else 0)
     return summary
 
 
@@ -91,14 +97,20 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with _rank0_watchdog(spec.launch.timeout_s):
-            run_recorded(run_worker, spec.model_dump())
+            summary = run_recorded(run_worker, spec.model_dump())
     except TaskError as exc:
         # The user's task (a factory that raised, a bad batch or loss): the message says
         # what to fix, and @record has put it in torchrun's error file; a traceback of
         # disttrain's frames would only bury it.
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    return 0
+    except CheckpointError as exc:
+        # A checkpoint that could not be written (a full disk): every rank raises the
+        # writer's one line (train/checkpoint.py); the job failed, the line says why.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    # SIGTERM / SIGINT: stopped at a step with a checkpoint, "resume me" (resilience/preemption.py)
+    return EXIT_STOPPED if (summary or {}).get("stopped") else 0
 
 
 if __name__ == "__main__":

@@ -76,7 +76,10 @@ def test_env_launcher_dp_with_world_size_2_exits_2(tmp_path, rank):
 
 def test_script_is_not_held_to_builtin_strategy_rules(tmp_path):
     (tmp_path / "train.py").write_text("print('hi')\n")
-    res = run_cli("run", "train.py", "--strategy", "dp", "--nproc-per-node", "2", "--dry-run",
+    # a flag --strategy is refused with a script (tests/cli/test_run_script.py); a spec
+    # file's train section is the built-in job's and left unjudged
+    (tmp_path / "job.yaml").write_text("train: {strategy: dp}\n")
+    res = run_cli("run", "train.py", "-f", "job.yaml", "--nproc-per-node", "2", "--dry-run",
                   cwd=tmp_path, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "--nproc_per_node=2" in res.stdout

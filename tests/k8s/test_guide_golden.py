@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from conftest import GOLDEN, GUIDE_FLAGS, validate_all
+from disttrain.k8s.stopping import pod_command
 
 Patch = Callable[[dict[str, Any]], None]
 
@@ -73,8 +74,20 @@ def _secure_defaults(pod: dict[str, Any]) -> None:
                                     "capabilities": {"drop": ["ALL"]}}
 
 
+def _stoppable(pod: dict[str, Any]) -> None:
+    # Preemption (docs/cluster.md): PID 1 forwards the kubelet's SIGTERM to torchrun and
+    # exits 75 ("stopped, resumable"); torchrun gives the workers stop_grace_s (120) before
+    # its SIGKILL, the kubelet 15 s more for torchrun's teardown.
+    ctr = _ctr(pod)
+    ctr["args"] = ctr.pop("command")
+    ctr["command"] = pod_command()
+    ctr["env"].insert(len(ctr["env"]) - 1, {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                                            "value": "120"})
+    pod["spec"]["terminationGracePeriodSeconds"] = 135
+
+
 DELIBERATE: list[Patch] = [_gpumem_as_mib, _master_port_flag, _unbuffered,
-                           _namespace_and_labels, _shm, _secure_defaults]
+                           _namespace_and_labels, _shm, _secure_defaults, _stoppable]
 
 
 def test_guide_pod_reproduced_field_for_field(cli: Any, workdir: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.k8s.install import PIN_SCRIPT, PINS, install_command
+from disttrain.k8s.install import PIN_SCRIPT, PINS, install_setup
 from disttrain.spec.cluster import ClusterSpec
 
 
@@ -44,16 +44,14 @@ def test_the_pin_script_refuses_an_image_without_a_visible_torch(tmp_path: Path)
 def test_the_command_pins_before_it_installs() -> None:
     c = ClusterSpec(image="x", install_disttrain="disttrain==0.1.0",
                     pip_index_url="http://10.0.0.5:3141/root/pypi")
-    argv = ["torchrun", "--nproc_per_node=1", "-m", "disttrain.worker", "--spec", "/etc/j.yaml"]
-    sh, dash_c, line = install_command(c, argv)
-    assert (sh, dash_c) == ("sh", "-c")
-    pins, pip, exec_ = line.split(" && ")
+    line = install_setup(c)
+    assert line.endswith(" || exit $?\n") and line.count("\n") == 1
+    pins, pip = line.removesuffix(" || exit $?\n").split(" && ")
     assert shlex.split(pins) == ["python", "-c", PIN_SCRIPT, ">", PINS]
     assert shlex.split(pip) == ["python", "-m", "pip", "install", "--no-cache-dir", "-c", PINS,
                                 "--index-url", "http://10.0.0.5:3141/root/pypi",
                                 "--trusted-host", "10.0.0.5", "disttrain==0.1.0"]
-    assert shlex.split(exec_) == ["exec", *argv]
-    assert install_command(ClusterSpec(image="x"), argv) == argv  # nothing to install
+    assert install_setup(ClusterSpec(image="x")) == ""  # nothing to install
 
 
 def _wheel(folder: Path, name: str, version: str, *requires: str) -> None:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from disttrain.k8s import local
+from disttrain.k8s import netns as hostnet
 from disttrain.k8s.render import render
 from disttrain.spec.job import JobSpec
 
@@ -53,10 +54,10 @@ def test_expand_follows_kubelet_rules() -> None:
 
 def test_addresses_come_only_from_198_18_0_0_15() -> None:
     block = ipaddress.ip_network("198.18.0.0/15")
-    addrs = [ipaddress.ip_address(local.pod_address(i)) for i in range(254)]
+    addrs = [ipaddress.ip_address(hostnet.pod_address(i)) for i in range(254)]
     assert all(a in block for a in addrs) and len(set(addrs)) == 254
     with pytest.raises(local.LocalRunError):
-        local.pod_address(254)
+        hostnet.pod_address(254)
 
 
 def test_job_pods_get_their_index_and_names(workdir: Path) -> None:
@@ -70,7 +71,7 @@ def test_job_pods_get_their_index_and_names(workdir: Path) -> None:
     assert "--rdzv_endpoint=disttrain-0.disttrain:29500" in p1.argv
     assert p1.aliases == ("disttrain-1.disttrain.default.svc.cluster.local",
                           "disttrain-1.disttrain", "disttrain-1")
-    hosts = local.hosts_file(pods)
+    hosts = hostnet.hosts_file(pods)
     assert "198.18.0.1\tdisttrain-0.disttrain.default.svc.cluster.local disttrain-0.disttrain " \
            "disttrain-0\n" in hosts
     assert hosts.startswith("127.0.0.1\tlocalhost\n")
@@ -189,7 +190,7 @@ def test_emulated_pods_reach_each_other_and_nothing_else(workdir: Path) -> None:
              "s = socket.socket(); s.settimeout(2)\n"
              "try:\n    s.connect(('1.1.1.1', 53)); print('REACHED')\n"
              "except OSError as e:\n    print('blocked', e.errno)\n")
-    with local.network(pods, f"dt{os.getpid()}t") as names:
+    with hostnet.network(pods, f"dt{os.getpid()}t") as names:
         routes = subprocess.run(["ip", "-n", names["disttrain-1"], "-4", "route"],
                                 capture_output=True, text=True, check=True).stdout
         assert routes.split()[0] == "198.18.0.0/24" and "default" not in routes
@@ -244,3 +245,45 @@ def test_interrupt_removes_everything(workdir: Path) -> None:
                             capture_output=True, text=True, check=False).stdout.split()
     assert leaked == []
 
+
+
+def test_failed_pods_come_back_as_their_workload_would(workdir: Path) -> None:
+    """backoffLimit of a Job, runPolicy.backoffLimit of a PyTorchJob that restarts on
+    failure, none for a bare Pod; a re-created Job pod's agent rejoins with torch's
+    shared rendezvous store off (docs/resilience.md, "Hosts lost and partitions")."""
+    def objects(kind: str, restarts: int) -> list[dict[str, Any]]:
+        spec = JobSpec.from_dict({"launch": {"nnodes": 1 if kind == "pod" else 2,
+                                             "max_restarts": restarts},
+                                  "cluster": {"kind": kind}})
+        return render(spec, workdir, local=True).objects
+
+    assert local.backoff_limit(objects("job", 2)) == 2
+    assert local.backoff_limit(objects("job", 0)) == 0
+    assert local.backoff_limit(objects("pytorchjob", 1)) == 1
+    assert local.backoff_limit(objects("pod", 0)) == 0
+
+    def rdzv_env(restarts: int) -> dict[str, str]:
+        job = next(o for o in objects("job", restarts) if o["kind"] == "Job")
+        ctr = job["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in ctr["env"]}
+
+    assert rdzv_env(1)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in rdzv_env(0)
+
+
+def test_run_locals_timeout_is_not_the_jobs_timeout_s(cli: Any, workdir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--timeout` (how long run-local lets the pods run) and `--timeout-s` (the job's
+    stall timeout) once shared one parameter name, and the pods got the default 300 s."""
+    seen: dict[str, Any] = {}
+
+    def fake_run(spec: JobSpec, base_dir: Path, *, out: Any, timeout_s: float | None):
+        seen.update(spec_timeout=spec.launch.timeout_s, run_timeout=timeout_s)
+        return local.LocalResult({"disttrain-0": 0, "disttrain-1": 0})
+
+    monkeypatch.setattr(local, "check_host", lambda: None)
+    monkeypatch.setattr(local, "run_local", fake_run)
+    result = cli("k8s", "run-local", "--kind", "job", "--nnodes", "2", "--timeout-s", "15",
+                 "--timeout", "240")
+    assert result.code == 0, result.err
+    assert seen == {"spec_timeout": 15.0, "run_timeout": 240.0}

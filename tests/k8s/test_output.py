@@ -57,7 +57,9 @@ def test_random_whitespace_round_trips() -> None:
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20)))
         obj = _configmap(text)
-        assert yaml.safe_load(to_yaml([obj]).split("\n", 1)[1]) == obj, repr(text)
+        out = to_yaml([obj])
+        assert yaml.safe_load(out.split("\n", 1)[1]) == obj, repr(text)
+        assert "  train.py: |" in out, repr(text)  # always a block, one line or many
 
 
 def test_a_block_that_would_not_read_back_falls_back_to_quoting(monkeypatch: pytest.MonkeyPatch

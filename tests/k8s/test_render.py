@@ -20,6 +20,7 @@ from disttrain.errors import SpecError
 from disttrain.k8s.hami import HAMI_KEYS
 from disttrain.k8s.render import render, to_json, to_yaml
 from disttrain.k8s.security import pod_specs
+from disttrain.k8s.stopping import STOP_SCRIPT
 from disttrain.spec.job import JobSpec
 
 IMG = "registry.local:30000/ml/train:1"
@@ -117,6 +118,13 @@ def test_pod_invariants(case: str, code_dir: Path) -> None:
         assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
         assert pod.get("schedulerName") == spec.cluster.scheduler
         (ctr,) = pod["containers"]
+        # PID 1 is the stop wrapper around the torchrun argv; the kubelet waits the job's
+        # stop grace plus torchrun's teardown, and torchrun waits the stop grace
+        assert ctr["command"][0] == "sh" and ctr["command"][2].endswith(STOP_SCRIPT)
+        assert ctr["args"][0] == "torchrun"
+        assert pod["terminationGracePeriodSeconds"] == spec.launch.stop_grace_s + 15
+        assert {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                "value": str(spec.launch.stop_grace_s)} in ctr["env"]
         sc = ctr["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
         assert "privileged" not in sc
@@ -127,7 +135,7 @@ def test_pod_invariants(case: str, code_dir: Path) -> None:
         if hami:
             assert hami["nvidia.com/gpu"] == str(spec.cluster.gpus)
             assert all(v.isdigit() for v in hami.values())  # integers: MiB, %, count
-        nproc = next(a for a in " ".join(ctr["command"]).replace("'", "").split()
+        nproc = next(a for a in " ".join(ctr["args"]).replace("'", "").split()
                      if a.startswith("--nproc_per_node="))
         if spec.cluster.gpus:
             assert int(nproc.split("=")[1]) <= spec.cluster.gpus
@@ -161,7 +169,7 @@ def test_job_is_indexed_with_headless_service_and_rank0_dns(code_dir: Path) -> N
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
     pod = tmpl["spec"]
     assert pod["subdomain"] == svc["metadata"]["name"] == "disttrain"
-    cmd = pod["containers"][0]["command"]
+    cmd = pod["containers"][0]["args"]
     assert cmd[:2] == ["torchrun", "--nnodes=2"]
     assert "--rdzv_backend=c10d" in cmd
     assert "--rdzv_endpoint=disttrain-0.disttrain:29500" in cmd  # pod 0's DNS name
@@ -200,8 +208,8 @@ def test_pytorchjob_master_worker_and_container_name(code_dir: Path) -> None:
         ctr = r["template"]["spec"]["containers"][0]
         assert ctr["name"] == "pytorch"  # the operator requires this name
         assert ctr["ports"][0]["name"] == "pytorchjob-port"
-        assert ctr["command"][:2] == ["torchrun", "--nproc_per_node=2"]
-        assert "--rdzv_backend=c10d" not in ctr["command"]  # PET_* from the operator
+        assert ctr["args"][:2] == ["torchrun", "--nproc_per_node=2"]
+        assert "--rdzv_backend=c10d" not in ctr["args"]  # PET_* from the operator
         assert r["template"]["spec"]["schedulerName"] == "hami-scheduler"
     assert replicas["Worker"]["template"]["metadata"]["annotations"][
         "disttrain.io/rank-offset"] == "1"
@@ -238,7 +246,7 @@ def test_job_template_carries_hami_annotations() -> None:
     job = render(spec).objects[-1]
     assert "nvidia.com/use-gputype" not in job["metadata"].get("annotations", {})
     assert job["spec"]["template"]["metadata"]["annotations"]["nvidia.com/use-gputype"] == "3090"
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "/abs/train.py"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "/abs/train.py"
 
 
 @pytest.mark.parametrize(("preset", "env"), [
@@ -284,7 +292,7 @@ def test_builtin_job_ships_its_spec_and_says_what_the_image_needs(code_dir: Path
     shipped = JobSpec.from_dict(yaml.safe_load(cm["data"]["job.yaml"]))
     assert shipped.workload == "digits"
     ctr = pod["spec"]["containers"][0]
-    assert ctr["command"][-4:] == ["-m", "disttrain.worker", "--spec", "/etc/disttrain/job.yaml"]
+    assert ctr["args"][-4:] == ["-m", "disttrain.worker", "--spec", "/etc/disttrain/job.yaml"]
     assert {"name": "code", "mountPath": "/etc/disttrain/job.yaml", "subPath": "job.yaml",
             "readOnly": True} in ctr["volumeMounts"]
     assert pod["metadata"]["labels"]["disttrain.io/needs-disttrain"] == "true"
@@ -297,17 +305,20 @@ def test_builtin_job_with_hostpath_code_gets_the_spec_from_a_configmap(code_dir:
     vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
     assert vols["code"]["hostPath"]["path"] == "/opt/code"
     assert vols["jobspec"]["configMap"]["name"] == cm["metadata"]["name"]
-    assert "--max_restarts=2" in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--max_restarts=2" in job["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_install_disttrain_at_start_from_a_plain_http_mirror(code_dir: Path) -> None:
     _cm, pod = _render("pod-builtin-install", code_dir).objects
-    cmd = pod["spec"]["containers"][0]["command"]
-    assert cmd[:2] == ["sh", "-c"]
-    assert cmd[2].startswith("python -c ")
+    ctr = pod["spec"]["containers"][0]
+    sh, dash_c, script, _name = ctr["command"]
+    assert (sh, dash_c) == ("sh", "-c")
+    setup, _, wrapper = script.partition("\n")
+    assert setup.startswith("python -c ")
     assert (" > /tmp/disttrain-constraints.txt && python -m pip install --no-cache-dir -c "
             "/tmp/disttrain-constraints.txt --index-url http://10.0.0.5:3141/root/pypi "
-            "--trusted-host 10.0.0.5 disttrain==0.1.0 && exec torchrun ") in cmd[2]
+            "--trusted-host 10.0.0.5 disttrain==0.1.0 || exit $?") in setup
+    assert wrapper == STOP_SCRIPT and ctr["args"][0] == "torchrun"  # installed, then torchrun
     assert "pip-installed at start from http://10.0.0.5:3141" in pod["metadata"]["annotations"][
         "disttrain.io/image-needs"]
 
@@ -315,9 +326,9 @@ def test_install_disttrain_at_start_from_a_plain_http_mirror(code_dir: Path) -> 
 def test_install_keeps_kubernetes_var_expansion(code_dir: Path) -> None:
     spec = JobSpec.from_dict({"launch": {"nnodes": 2}, "cluster": {
         "kind": "job", "image": IMG, "install_disttrain": "disttrain"}})
-    cmd = render(spec, code_dir).objects[-1]["spec"]["template"]["spec"]["containers"][0][
-        "command"]
-    assert "'--node_rank=$(JOB_COMPLETION_INDEX)'" in cmd[2]  # kubelet expands before sh
+    ctr = render(spec, code_dir).objects[-1]["spec"]["template"]["spec"]["containers"][0]
+    assert "--node_rank=$(JOB_COMPLETION_INDEX)" in ctr["args"]  # kubelet expands it
+    assert "$(" not in ctr["command"][2]  # and nothing in the script looks like $(VAR)
 
 
 def test_pvc_creation_and_pull_secrets(code_dir: Path) -> None:
@@ -327,7 +338,7 @@ def test_pvc_creation_and_pull_secrets(code_dir: Path) -> None:
                            "resources": {"requests": {"storage": "50Gi"}}}
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
     assert pod["metadata"]["labels"]["team"] == "ml"
-    assert pod["spec"]["containers"][0]["command"][-1] == "/workspace/train.py"
+    assert pod["spec"]["containers"][0]["args"][-1] == "/workspace/train.py"
 
 
 def test_security_warnings_name_the_field(code_dir: Path) -> None:
@@ -355,7 +366,7 @@ def test_non_hami_scheduler_warns(workdir: Path) -> None:
 
 def test_nproc_auto_is_one_per_gpu(workdir: Path) -> None:
     spec = JobSpec.from_dict({"script": "train.py", "cluster": {"image": IMG, "gpus": 3}})
-    assert "--nproc_per_node=3" in render(spec).objects[-1]["spec"]["containers"][0]["command"]
+    assert "--nproc_per_node=3" in render(spec).objects[-1]["spec"]["containers"][0]["args"]
 
 
 @pytest.mark.parametrize(("data", "match"), [
@@ -451,7 +462,7 @@ def test_restart_settings_reach_the_cluster_objects():
     objs = render(spec).objects
     job = next(o for o in objs if o["kind"] == "Job")
     assert job["spec"]["backoffLimit"] == 2
-    cmd = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
+    cmd = " ".join(job["spec"]["template"]["spec"]["containers"][0]["args"])
     assert "--max_restarts=2" in cmd
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     shipped = yaml.safe_load(next(v for k, v in cm["data"].items() if k.endswith("job.yaml")))

@@ -64,7 +64,7 @@ def test_the_module_its_package_imports_and_local_modules_are_shipped(task_dir: 
     shipped = yaml.safe_load(cm["data"]["job.yaml"])
     assert shipped["task"] == "mytask:make_task" and shipped["task_dir"] == "/workspace"
     ctr = pod["spec"]["containers"][0]
-    assert ctr["command"] == ["torchrun", "--nproc_per_node=1", "-m", "disttrain.worker",
+    assert ctr["args"] == ["torchrun", "--nproc_per_node=1", "-m", "disttrain.worker",
                               "--spec", "/etc/disttrain/job.yaml"]
     assert ctr["workingDir"] == "/workspace"
     assert pod["metadata"]["labels"]["disttrain.io/workload"] == "task"

@@ -102,7 +102,8 @@ def _build_in_own_dir(base: str):
 
 def test_only_rank0_writes(tmp_path):
     results = run_ranks(2, _build_in_own_dir, str(tmp_path), timeout_s=120)
-    assert results[1] == [], f"rank 1 wrote files: {results[1]}"
+    # each rank's own live status (train/step_timing.py) is the one file every rank writes
+    assert results[1] == ["out", "out/live", "out/live/rank-1.json"], f"rank 1 wrote files: {results[1]}"
     assert {"out/summary.json", "out/metrics.jsonl", "out/job.yaml", "out/checkpoints/last.pt",
             "out/loss.png"} <= set(results[0])
 

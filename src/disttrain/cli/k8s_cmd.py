@@ -6,6 +6,7 @@
     disttrain k8s status NAME | logs -f NAME | delete NAME   [-n NAMESPACE]
     sudo disttrain k8s run-local -f job.yaml         # the pods on emulated hosts
     disttrain k8s verify -f job.yaml                 # k8s_verify_cmd.py
+    disttrain k8s top NAME                           # k8s_top_cmd.py: the live view, from the pods
 
 Each verb is a thin wrapper: parse, call `disttrain.k8s`, print, exit code. Bad input is
 one `error:` line and exit 2 before any cluster is contacted; cluster failures exit 1.
@@ -27,8 +28,9 @@ from disttrain.cli.k8s_common import (
     render_or_fail,
     spec_args,
 )
+from disttrain.cli.k8s_top_cmd import top
 from disttrain.cli.k8s_verify_cmd import verify
-from disttrain.cli.options import CTX, fail
+from disttrain.cli.options import CTX, SpecCommand, fail
 
 
 @click.group("k8s", context_settings=CTX)
@@ -38,6 +40,7 @@ def k8s() -> None:
 
 
 k8s.add_command(verify)
+k8s.add_command(top)
 
 
 def _print_objects(objects: list[dict[str, Any]], output: str) -> None:
@@ -68,7 +71,7 @@ def _report_failures(failed: list[tuple[str, str, str]]) -> None:
 
 
 # -- verbs -------------------------------------------------------------------------------
-@k8s.command(context_settings=CTX)
+@k8s.command(cls=SpecCommand, context_settings=CTX)
 @spec_args
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml",
               help="output format")
@@ -79,7 +82,7 @@ def render(script: str | None, script_args: tuple[str, ...], spec_file: str | No
     _print_objects(render_or_fail(spec).objects, output)
 
 
-@k8s.command(context_settings=CTX)
+@k8s.command(cls=SpecCommand, context_settings=CTX)
 @spec_args
 @cluster_args
 @click.option("--dry-run", is_flag=True, help="print the objects, do not contact the cluster")
@@ -141,12 +144,12 @@ def delete(name: str, namespace: str, kubeconfig: str | None, context: str | Non
         click.echo(f"{ref.kind.lower()}/{ref.name} deleted")
 
 
-@k8s.command("run-local", context_settings=CTX)
+@k8s.command("run-local", cls=SpecCommand, context_settings=CTX)
 @spec_args
-@click.option("--timeout", "timeout_s", type=float, default=None,
+@click.option("--timeout", "run_timeout_s", type=float, default=None,
               help="stop the emulated pods after this many seconds")
 def run_local(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
-              timeout_s: float | None, **kwargs: Any) -> None:
+              run_timeout_s: float | None, **kwargs: Any) -> None:
     """Run the rendered pods here, each in its own network namespace (needs root and ip)."""
     from disttrain.errors import LocalRunError, SpecError
     from disttrain.k8s.local import check_host, local_spec
@@ -160,7 +163,7 @@ def run_local(script: str | None, script_args: tuple[str, ...], spec_file: str |
     render_or_fail(local_spec(spec, Path(".")), local=True)  # bad input: exit 2 before any setup
     _clear_run_dir(local_spec(spec, Path(".")))
     try:
-        result = run(spec, Path("."), out=click.echo, timeout_s=timeout_s)
+        result = run(spec, Path("."), out=click.echo, timeout_s=run_timeout_s)
     except (LocalRunError, SpecError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -168,7 +171,9 @@ def run_local(script: str | None, script_args: tuple[str, ...], spec_file: str |
         raise click.exceptions.Exit(130) from None
     run_dir = local_spec(spec, Path(".")).train.run_dir
     if result.timed_out:
-        click.echo(f"error: run-local stopped after --timeout {timeout_s:g}s", err=True)
+        click.echo(f"error: run-local stopped after --timeout {run_timeout_s:g}s", err=True)
+    for line in result.lost.values():  # a host killed as a whole, with its ranks
+        click.echo(f"error: {line}", err=True)
     _report_failures([(pod, f"failed (exit code {result.exit_codes[pod]})", result.logs[pod])
                       for pod in result.failed])
     if result.exit_code == 0:

@@ -25,16 +25,20 @@ COMMANDS: dict[str, str] = {
     "doctor": "disttrain.cli.doctor_cmd:doctor",
     "lint": "disttrain.cli.lint_cmd:lint",
     "env": "disttrain.cli.env_cmd:env",
+    "top": "disttrain.cli.top_cmd:top",
+    "report": "disttrain.cli.report_cmd:report",
 }
 
 HELP = {
     "run": "Train: the built-in main job, a spec (-f) or your script, via torchrun.",
-    "k8s": "Kubernetes (K3s + HAMi): render, apply, status, logs, delete, run-local, verify.",
+    "k8s": "Kubernetes (K3s + HAMi): render, apply, status, logs, delete, run-local, verify, top.",
     "verify": "Check the distributed setup: collectives, gradient sync, convergence.",
     "bench": "Benchmarks: allreduce bandwidth, scaling, Trainer overhead.",
     "doctor": "Preflight checks of this machine; `doctor logs` explains a failed job.",
     "lint": "Check a training script against the distributed-training checklist.",
     "env": "Print a copy-pasteable report of the environment.",
+    "top": "Watch a running job's ranks live: samples/s, loss, step-time breakdown, straggler.",
+    "report": "A finished run in pictures (report.png) and a table: loss, speed, straggler.",
 }
 
 

@@ -113,7 +113,7 @@ def spec_options(sections: Iterable[str | None]) -> Callable[[Callable[..., Any]
             if section not in wanted or name in HIDDEN:
                 continue
             ptype, is_flag = _param_type(info.annotation)
-            flag = "--" + name.replace("_", "-")
+            flag = flag_name(name)
             help_text = info.description or ""
             if section:
                 help_text = f"[{section}] {help_text}"
@@ -126,6 +126,84 @@ def spec_options(sections: Iterable[str | None]) -> Callable[[Callable[..., Any]
         return fn
 
     return decorate
+
+
+# [train] fields a user script uses too: where its logs go, and its threads per rank
+SCRIPT_TRAIN_FIELDS = ("run_dir", "threads")
+# top-level fields that choose the built-in job (a script replaces it)
+BUILTIN_JOB_FIELDS = ("example", "task", "task_args")
+
+# the --help sections of a job verb, in order: the heading, and what it says about a script
+SECTIONS = {
+    "options": "Options",
+    "launch": "Launch options (SCRIPT and the built-in job)",
+    "cluster": "Cluster options (SCRIPT and the built-in job)",
+    "train": "Built-in job options (not read by a SCRIPT: its own arguments go after --)",
+}
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _section_of(param: click.Parameter) -> str:
+    """Which --help section an option belongs in (see SECTIONS)."""
+    index = field_index()
+    name = param.name or ""
+    if name not in index or name in HIDDEN:
+        return "options"
+    section = index[name][0]
+    if name in SCRIPT_TRAIN_FIELDS or (section is None and name not in BUILTIN_JOB_FIELDS):
+        return "launch"
+    return "train" if section is None else section
+
+
+class SpecCommand(click.Command):
+    """A job verb (`run`, `k8s render` ...): --help in sections, so that a script's user
+    sees which flags are theirs (launch, cluster) and which only the built-in job reads
+    (train; refused with a SCRIPT by `load_spec`); and an unknown option after SCRIPT is
+    said to belong after `--` instead of being matched to a similar disttrain flag."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Argument):  # in the usage line already
+                continue
+            record = param.get_help_record(ctx)
+            if record is not None:
+                groups.setdefault(_section_of(param), []).append(record)
+        for key, title in SECTIONS.items():
+            if groups.get(key):
+                with formatter.section(title):
+                    formatter.write_dl(groups[key])
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes `args`
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            before = given[:given.index("--")] if "--" in given else given
+            script = next((a for a in before if a.endswith(".py")), None)
+            if script is not None:  # the script's own flag, given without `--` before it
+                exc.possibilities = None
+                exc.message = (f"no such option: {exc.option_name}; put the script's own "
+                               f"arguments after --: {script} [disttrain flags] -- "
+                               f"{exc.option_name} ...")
+            raise
+
+
+def refuse_builtin_flags(script: str | None, overrides: dict[str, Any]) -> None:
+    """A SCRIPT with flags only the built-in job reads: refused (SpecError), since the
+    script never sees them (its own arguments go after `--`)."""
+    index = field_index()
+    given = [n for n in overrides if n in index and index[n][0] == "train"
+             and n not in SCRIPT_TRAIN_FIELDS]
+    if script and given:
+        flags = ", ".join(flag_name(n) for n in given)
+        raise SpecError(
+            f"{flags}: built-in job flags (the built-in job and --task only), not read by a "
+            f"script; pass the script's own arguments after --: {script} -- "
+            f"{flag_name(given[0])} ...")
 
 
 def collect_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -167,6 +245,8 @@ def load_spec(spec_file: str | None, overrides: dict[str, Any]):
     from disttrain.spec.job import JobSpec
 
     try:
-        return JobSpec.from_yaml(spec_file, overrides)
+        spec = JobSpec.from_yaml(spec_file, overrides)
+        refuse_builtin_flags(spec.script, overrides)
+        return spec
     except SpecError as exc:
         fail(str(exc))

@@ -3,7 +3,7 @@
     disttrain run                                   # SimpleNet on digits, DDP, 2 processes
     disttrain run -f job.yaml --epochs 3
     disttrain run --task mytask:make_task --task-args '{hidden: 256}'   # your TrainTask
-    disttrain run train.py --nproc-per-node 2 -- --lr 0.01
+    disttrain run train.py --nproc-per-node 2 -- --lr 0.01    # runs/train/run-N, every attempt kept
 """
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from disttrain.cli.options import SpecFile, fail, job_overrides, load_spec, spec_options
+from disttrain.cli.options import SpecCommand, SpecFile, fail, job_overrides, load_spec, spec_options
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=SpecCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-f", "--file", "spec_file", type=SpecFile(),
@@ -31,7 +33,7 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
         dry_run: bool, **kwargs: Any) -> None:
     """Train the built-in job (default: SimpleNet on digits, DDP over 2 processes),
     your TrainTask (--task module:function), the job in a spec file, or SCRIPT under
-    torchrun (arguments after `--`)."""
+    torchrun: SCRIPT takes the launch options, and its own arguments after `--`."""
     overrides = job_overrides(script, script_args, kwargs)
     spec = load_spec(spec_file, overrides)
     if spec.task:
@@ -41,13 +43,36 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
     if "master_port" in overrides or _file_sets_port(spec_file):
         spec.launch.port_explicit = True
     _check_inputs(spec)
+    if spec.script:
+        _script_defaults(spec)
     if dry_run:
         from disttrain.launch.argv import torchrun_argv
 
         click.echo(spec.to_yaml() + "---\n" + " ".join(
-            torchrun_argv(spec, spec_path=str(spec.run_dir / "job.yaml"))))
+            torchrun_argv(spec, spec_path=str(spec.run_dir / "job.yaml"), script_entry=True)))
         return
     raise click.exceptions.Exit(_run(spec))
+
+
+def _script_defaults(spec: Any) -> None:
+    """A script's own job name and run dir, so that runs of `a.py` and `b.py` never share
+    (and never delete) each other's logs: the name from the script's stem (DNS-1123)
+    unless one was given, and each attempt its own folder `<run dir>/run-N` (default run
+    dir `runs/<script stem>`; docs/your-model.md). Under `--launcher env` every rank is its
+    own `disttrain run`, so the run dir is used as it is (no attempt folder per rank)."""
+    from disttrain.rundir import next_attempt_dir
+
+    stem = Path(spec.script).stem or "script"
+    if "name" not in spec.model_fields_set:
+        spec.name = _job_name(stem)
+    base = Path(spec.train.run_dir or f"runs/{stem}")
+    spec.train.run_dir = str(base if spec.launch.launcher == "env" else next_attempt_dir(base))
+
+
+def _job_name(stem: str) -> str:
+    """A DNS-1123 label from a script's stem: `multigpu_torchrun` -> `multigpu-torchrun`."""
+    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:63].rstrip("-")
+    return name or "script"
 
 
 def _prewarm(spec: Any) -> None:
@@ -104,6 +129,7 @@ def _check_inputs(spec: Any) -> None:
     try:
         if spec.script:
             check_readable_file(spec.script, "script ", kind="script")
+            _check_own_workers(spec)
         if spec.task:
             _check_task(spec)
         check_runnable(spec, gpus=local_gpu_count(), world_size=_env_world_size(spec))
@@ -119,6 +145,25 @@ def _check_inputs(spec: Any) -> None:
             looked = ", ".join(str(p) for p in mnist_candidates(root))
             fail(f"train.data_dir: MNIST IDX files not found in {looked}; put them there, "
                  f"pass --data-dir DIR, or add --download")
+
+
+def _check_own_workers(spec: Any) -> None:
+    """A script that starts its own workers (mp.spawn) must not be started once per rank:
+    with several processes per node each would start its own set, and they would fight
+    over the script's port and hang (`disttrain.launch.own_workers`)."""
+    from disttrain.launch.argv import resolve_nproc
+    from disttrain.launch.own_workers import own_workers
+
+    if spec.launch.launcher != "torchrun":
+        return
+    nproc = resolve_nproc(spec)
+    found = own_workers(spec.script) if nproc > 1 else []
+    if found:
+        where = ", ".join(f"{w.call} at line {w.line}" for w in found[:3])
+        fail(f"script {spec.script} starts its own worker processes ({where}): with "
+             f"{nproc} processes per node each copy would start its own and they would "
+             f"fight over its port; run it with --nproc-per-node 1 (one copy per node), or "
+             f"with plain python ({Path(sys.executable).name} {spec.script})")
 
 
 def _check_task(spec: Any) -> None:
@@ -154,6 +199,15 @@ def _prepare_run_dir(spec: Any) -> Path:
         check_writable_dir(spec.run_dir, "train.run_dir: ")
     except SpecError as exc:
         fail(str(exc))
+    if spec.script:  # nothing of an earlier attempt is deleted (`_script_defaults`)
+        path = prepare_run_dir(spec.run_dir, spec.to_yaml(), clear=False, note=click.echo)
+        if spec.launch.launcher != "env":
+            from disttrain.rundir import mark_latest
+
+            mark_latest(spec.run_dir)
+            click.echo(f"note: this run's logs go to {spec.run_dir}/logs "
+                       f"({spec.run_dir.parent}/latest points to it)", err=True)
+        return path
     clear = not spec.train.resume and spec.run_dir.exists() and _owns_outputs(spec)
     return prepare_run_dir(spec.run_dir, spec.to_yaml(), clear=clear, note=click.echo)
 
@@ -178,6 +232,7 @@ def _owns_outputs(spec: Any) -> bool:
 def _run(spec: Any) -> int:
     from disttrain.errors import LaunchError
     from disttrain.launch.launchers import launch, plan_launch
+    from disttrain.resilience.preemption import clear_stop_record, stop_outcome
 
     # The port is checked (and a free one chosen) before the run dir is touched: a job
     # that cannot start must not have wiped the previous run's outputs; its notes are
@@ -189,6 +244,8 @@ def _run(spec: Any) -> int:
     for note in plan.notes:
         click.echo(f"note: {note}", err=True)
     _prepare_run_dir(spec)
+    clear_stop_record(spec.run_dir)
+    started = time.time()
     try:
         with _quiet_task_errors():
             result = launch(spec, plan)
@@ -196,25 +253,50 @@ def _run(spec: Any) -> int:
         fail(str(exc))
     for note in result.notes:   # e.g. the port moved because it was taken at bind time
         click.echo(f"note: {note}", err=True)
+    # SIGTERM / SIGINT (preemption, Ctrl-C): one line and EXIT_STOPPED when the ranks
+    # stopped cleanly with a checkpoint (disttrain.resilience.preemption)
+    stopped = stop_outcome(spec.run_dir, result.signal, bool(spec.script), _resume_command(),
+                           since=started)
+    if stopped is not None:
+        click.echo(stopped[0], err=True)
+        return stopped[1]
     if result.exit_code != 0:
         task_error = _task_error(result.failures)
         if task_error is not None:  # every rank raised it: the task's fault, said once
             fail(task_error)
+        ckpt_error = _task_error(result.failures, _CHECKPOINT_ERROR)
+        if ckpt_error is not None:  # a checkpoint not written (a full disk): said once, exit 1
+            click.echo(f"error: {ckpt_error}", err=True)
+            return 1
         _explain_failure(result)
     return result.exit_code
+
+
+def _resume_command() -> str:
+    """This very command with `--resume` (before a script's `--`), to continue a stopped run."""
+    import shlex
+    import sys
+
+    args = list(sys.argv[1:])
+    if "--resume" not in args:
+        args.insert(args.index("--") if "--" in args else len(args), "--resume")
+    return shlex.join(["disttrain", *args])
 
 
 # How a TaskError reads in a failure record: "TaskError: ..." from torch's error file (the
 # type's bare name) and the `env` launcher, "disttrain.train.task.TaskError: ..." as the last
 # exception of mp.spawn's traceback text.
 _TASK_ERROR = re.compile(r"^(?:[\w.]*\.)?TaskError: ", re.MULTILINE)
+# A checkpoint the ranks could not write (train/checkpoint.py: every rank raises the writer's
+# message, e.g. a full disk with the path and the bytes needed and free).
+_CHECKPOINT_ERROR = re.compile(r"^(?:[\w.]*\.)?CheckpointError: ", re.MULTILINE)
 
 
-def _task_error(failures: dict[int, Any]) -> str | None:
-    """The TaskError's message a worker failed with, from the lowest failed rank's record
-    (rank 0 when it failed), or None when the job failed for another reason."""
+def _task_error(failures: dict[int, Any], pattern: re.Pattern[str] = _TASK_ERROR) -> str | None:
+    """The TaskError's (or `pattern`'s error's) message a worker failed with, from the lowest
+    failed rank's record (rank 0 when it failed), or None when the job failed for another reason."""
     for rank in sorted(failures):
-        found = _TASK_ERROR.search(getattr(failures[rank], "message", "") or "")
+        found = pattern.search(getattr(failures[rank], "message", "") or "")
         if found:
             return failures[rank].message[found.end():].strip()
         if not _stopped(failures[rank]):
@@ -229,7 +311,7 @@ def _quiet_task_errors() -> Iterator[None]:
     once by `_run`, is what the user needs; any other failure is logged as before."""
     def keep(record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return exc is None or not _TASK_ERROR.search(str(exc))
+        return exc is None or not (_TASK_ERROR.search(str(exc)) or _CHECKPOINT_ERROR.search(str(exc)))
 
     agent_log = logging.getLogger(_AGENT_LOGGER)
     agent_log.addFilter(keep)

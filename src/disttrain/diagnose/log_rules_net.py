@@ -134,8 +134,22 @@ NETWORK_RULES: tuple[Signature, ...] = (
     # disttrain's own stall watchdog (disttrain.resilience.watchdog) names the rank that
     # stopped (`subject_rank`: the rank the line is about, whichever rank printed it): it
     # is the root cause of the timeouts and "connection closed" errors the others print.
+    # The same watchdog when a whole host went silent (a partition or a lost node): the
+    # host is named (`subject_host`), not the rank's pod that printed the line.
     sig("collective_timeout", ROOT,
-        r"ranks? (?P<subject_rank>\d+)(?:,[\d, ]+)? \(pids? [^)]*\) made no progress for "
+        r"rank (?P<subject_rank>\d+) \(pid \d+, host (?P<subject_host>[^)\s]+)\) made no "
+        r"progress for (?P<secs>[\d.]+) ?s; last seen: (?P<where>[^;\n]+); nothing arrives "
+        r"from host",
+        title="host {subject_host} unreachable: nothing from rank {subject_rank} for {secs} s "
+              "(last seen: {where})",
+        fix="The ranks on that host stopped reaching the others: a network partition (a "
+            "link, switch or NetworkPolicy), a lost node, or a stopped process there. Check "
+            "the node (`kubectl get nodes`, `disttrain k8s status`) and the network between "
+            "the pods; with --max-restarts the job resumes from its last checkpoint once the "
+            "host is back. --timeout-s sets how long a silent host is waited for."),
+    sig("collective_timeout", ROOT,
+        r"ranks? (?P<subject_rank>\d+)(?:,[\d, ]+)? \(pids? [\d, ]+?(?:, host "
+        r"(?P<subject_host>[^)\s]+))?\) made no progress for "
         r"(?P<secs>[\d.]+) ?s; last seen: (?P<where>[^;\n]+)",
         title="rank {subject_rank} stalled: no progress for {secs} s (last seen: {where})",
         fix="That rank stopped making progress (SIGSTOPped, deadlocked, stuck in I/O, or "

@@ -173,7 +173,8 @@ def _build(winner: Hit, hits: list[Hit], lines: list[Line], records: list[Failur
         rank = int(winner.fields["hit_local"]) if "hit_local" in winner.fields else local
     if rank is None:
         rank = _only_rank(lines, lines[winner.line].pod)
-    host = (_host_for(rank, record, records) or lines[winner.line].pod
+    host = (winner.fields.get("subject_host") or _host_for(rank, record, records)
+            or lines[winner.line].pod
             or _single_host(rank, records) or lines[winner.line].host)
     fields = dict(FIELD_DEFAULTS)
     fields.update(enrich(winner))

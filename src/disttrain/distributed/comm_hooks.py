@@ -50,6 +50,9 @@ class CommStats:
     total_hook_calls: int = 0
     steps: int = 0
     _inflight: int = field(default=0, repr=False)
+    # Called when the hook gets a step's last bucket: all gradients are ready, so the
+    # rest of backward is the wait for the all-reduce (train/step_timing.py splits there).
+    on_last_bucket: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def end_step(self) -> None:
         """Close one optimizer step: remember its counts and start the next."""
@@ -115,6 +118,9 @@ def counting(hook: Callable[[Any, Any], torch.futures.Future], stats: CommStats,
     # NOTE: no annotations: DDP rejects a hook whose `bucket` / return annotations are
     # not exactly dist.GradBucket / Future[Tensor] (strings, under postponed evaluation).
     def wrapped(state, bucket):  # type: ignore[no-untyped-def]
+        last = bucket.is_last()
+        if last and stats.on_last_bucket is not None:
+            stats.on_last_bucket()
         with _LOCK:
             stats.hook_calls += 1
             stats._inflight += 1
@@ -125,7 +131,7 @@ def counting(hook: Callable[[Any, Any], torch.futures.Future], stats: CommStats,
             leave()
             raise
         result = fut.then(done)
-        if poll_last and bucket.is_last():
+        if poll_last and last:
             yield_until_done(result)
         return result
 

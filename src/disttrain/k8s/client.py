@@ -241,6 +241,22 @@ class Cluster:
         finally:
             resp.release_conn()
 
+    def exec_read(self, namespace: str, pod: str, container: str | None, command: list[str],
+                  timeout_s: float = 30.0) -> str:
+        """stdout of `command` run in the pod's container (as `kubectl exec`), for
+        `disttrain k8s top` reading the files the ranks write (monitor/pods.py)."""
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+
+        try:
+            return str(stream(self.core.connect_get_namespaced_pod_exec, pod, namespace,
+                              container=container, command=command, stdin=False, stdout=True,
+                              stderr=False, tty=False, _request_timeout=timeout_s))
+        except ApiException as exc:
+            raise KubeError(_api_message(exc, "Pod exec", namespace)) from None
+        except Exception as exc:  # the websocket's own errors: a closed or refused stream
+            raise KubeError(f"exec in pod {pod} (namespace {namespace}): {exc}") from None
+
     # -- verbs ----------------------------------------------------------------------
     def apply(self, objects: list[dict[str, Any]]) -> list[ApplyResult]:
         """Create what is missing, replace what changed, leave the rest (idempotent)."""

@@ -19,6 +19,15 @@ imports (`ast`, transitively, only what lies in task_dir). The pod's job.yaml po
 task_dir at the code mount, so the worker imports the shipped copy. With the code on a
 volume (`cluster.code: {pvc: ...}` / `{host_path: ...}`) nothing is shipped and task_dir
 is that mount.
+
+A script gets the same treatment (`follow_imports`, one code path): the modules and
+packages in its folder that it imports, transitively (`from datautils import
+MyTrainDataset`, `from mingpt.model import GPT`), are shipped beside it, and an import that
+is neither shipped, nor the standard library, nor known to be in the image (k8s/install.py,
+`image_modules`) is named in a warning, since the pod would die with ModuleNotFoundError.
+Every text file ships as a readable block in `data`; one a YAML block cannot hold byte for
+byte (CRLF line ends, control characters) ships base64 in `binaryData`, with a note
+(docs/cluster.md, "What the ConfigMap ships").
 """
 
 from __future__ import annotations
@@ -28,10 +37,14 @@ import base64
 import importlib.util
 import posixpath
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from disttrain.errors import CodeError
+from disttrain.k8s.install import image_modules
+from disttrain.k8s.output import block_safe
+from disttrain.spec.cluster import ClusterSpec
 from disttrain.spec.fields import parse_task_reference
 from disttrain.spec.job import JobSpec
 from disttrain.spec.paths import file_problem, shown
@@ -54,6 +67,7 @@ class CodeFile:
     text: str | None = None  # UTF-8 content (ConfigMap `data`)
     binary: str | None = None  # base64 content (ConfigMap `binaryData`)
     why: str = ""  # why it is shipped, for the rendered comment ("the task's module")
+    note: str = ""  # for the render's warnings: why a text file ships as binaryData
 
     @property
     def size(self) -> int:
@@ -79,7 +93,8 @@ class CodePlan:
         return sum(f.size for f in self.files)
 
 
-def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None) -> CodePlan:
+def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None,
+              image_imports: bool = True) -> CodePlan:
     """Decide the in-pod script path and the ConfigMap entries for `spec`.
 
     Args:
@@ -87,6 +102,8 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None) -> Co
         base_dir: where relative local paths (script, code.files) are resolved, and the
             task's module when the spec has no task_dir.
         spec_text: the job.yaml shipped to built-in workers (default: `spec.to_yaml()`).
+        image_imports: warn about a script's imports the image may lack (not for
+            `run-local`, where this machine's Python runs the script).
 
     Raises:
         CodeError: missing script, task module or file, a name that cannot be a ConfigMap
@@ -104,19 +121,24 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None) -> Co
                 f"--code '{{host_path: DIR}}' if it lives on the nodes"))
             root = local.parent
             script_in_pod = posixpath.join(code.mount, local.name)
-            files.append(_entry(local, local.name, code.mount, "the script"))
+            shipped, outside = follow_imports([(local, "the script")], root, strict=False)
+            files += [_entry(path, rel, code.mount, why, label="script")
+                      for path, (rel, why) in shipped.items()]
+            notes += outside_imports(outside, spec.cluster) if image_imports else []
         if spec.task:
             root = task_folder(spec, base_dir)
             shipped, note = task_sources(spec.task, root)
             files += [_entry(path, rel, code.mount, why, label="task")
                       for path, rel, why in shipped]
             notes += [note] if note else []
+        seen = {posixpath.normpath(f.mount_path) for f in files}
         for name in code.files:
             local = _local(base_dir, name, "cluster.code.files: ", dir_ok=True,
                            missing=f"no such file (looked in {base_dir})")
             for path in _walk(local, name):
                 rel = _relative(path, root)
-                files.append(_entry(path, rel, code.mount, "cluster.code.files"))
+                if posixpath.join(code.mount, rel) not in seen:  # already shipped as an import
+                    files.append(_entry(path, rel, code.mount, "cluster.code.files"))
     elif spec.script:
         script = PurePosixPath(spec.script)
         script_in_pod = str(script) if script.is_absolute() else posixpath.join(
@@ -125,6 +147,7 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None) -> Co
         text = spec.to_yaml() if spec_text is None else spec_text
         files.append(CodeFile(SPEC_KEY, SPEC_PATH, text=text, why="the job spec"))
     _check_unique(files)
+    notes += [f.note for f in files if f.note]
     plan = CodePlan(code.delivery, code.mount, script_in_pod, tuple(files), tuple(notes))
     if plan.size > CONFIGMAP_LIMIT:
         biggest = max(files, key=lambda f: f.size)
@@ -184,20 +207,60 @@ def task_sources(ref: str, task_dir: Path) -> tuple[list[tuple[Path, str, str]],
         path = module.replace(".", "/")
         raise CodeError(f"task {ref!r}: {top}/ in {task_dir} has no {path}.py or "
                         f"{path}/__init__.py")
-    shipped: dict[Path, tuple[str, str]] = {}
     why = f"task {ref}" + (f" (package {top})" if found.is_dir() else "")
-    queue = [(p, why) for p in _python_files(found)]
+    shipped, _ = follow_imports([(p, why) for p in _python_files(found)], task_dir)
+    return [(path, rel, reason) for path, (rel, reason) in shipped.items()], None
+
+
+def follow_imports(start: list[tuple[Path, str]], root: Path, strict: bool = True
+                   ) -> tuple[dict[Path, tuple[str, str]], dict[str, str]]:
+    """`start` and every module in `root` they import, transitively (one code path for a
+    task's module and a script: `from datautils import MyTrainDataset`, `import utils`,
+    `from mingpt.model import GPT` ship datautils.py, utils.py and all of mingpt/).
+
+    Args:
+        start: (file, why it is shipped), all under `root`.
+        root: the folder whose modules count as local (the pod's code mount).
+        strict: a file that does not parse is an error (a task's module, which the worker
+            imports); else its imports are just not followed (a script: Python decides).
+
+    Returns:
+        ({file: (path under root, why)} in shipping order, {top-level name imported from
+        outside root: the first file importing it}), leaving out the standard library and
+        imports guarded by `try: ... except ImportError` (optional by design).
+    """
+    shipped: dict[Path, tuple[str, str]] = {}
+    outside: dict[str, str] = {}
+    queue = list(start)
     while queue:
         path, reason = queue.pop(0)
         if path in shipped:
             continue
-        shipped[path] = (path.relative_to(task_dir).as_posix(), reason)
-        for name in sorted(_imported_names(path, task_dir)):
-            local = _top_level(task_dir, name)
+        rel = path.relative_to(root).as_posix()
+        shipped[path] = (rel, reason)
+        names, optional = _imported_names(path, root, strict)
+        for name in sorted(names):
+            local = _top_level(root, name)
             if local is not None:
-                by = (f"package {name}, " if local.is_dir() else "") + f"imported by {shipped[path][0]}"
+                by = (f"package {name}, " if local.is_dir() else "") + f"imported by {rel}"
                 queue += [(p, by) for p in _python_files(local) if p not in shipped]
-    return [(path, rel, reason) for path, (rel, reason) in shipped.items()], None
+            elif name not in optional and name not in sys.stdlib_module_names:
+                outside.setdefault(name, rel)
+    return shipped, outside
+
+
+def outside_imports(outside: dict[str, str], cluster: ClusterSpec) -> list[str]:
+    """One warning per imported module that is neither shipped nor known to be in the image
+    (`install.image_modules`: torch and what it requires, disttrain and its requirements
+    when the image has it)."""
+    if not outside:
+        return []
+    known = image_modules(bool(cluster.image_has_disttrain or cluster.install_disttrain))
+    image = cluster.image or "the image"
+    return [f"script: {by} imports {name}, which is not in its folder and not known to be in "
+            f"{image}; the pod fails with ModuleNotFoundError unless the image has it (build it "
+            f"in), or ship a local copy with --code '{{files: [DIR]}}'"
+            for name, by in outside.items() if name not in known]
 
 
 def _top_level(task_dir: Path, name: str) -> Path | None:
@@ -228,17 +291,29 @@ def _python_files(path: Path) -> list[Path]:
                   if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(path).parts))
 
 
-def _imported_names(path: Path, task_dir: Path) -> set[str]:
+def _imported_names(path: Path, task_dir: Path, strict: bool = True) -> tuple[set[str], set[str]]:
     """The top-level names `path` imports absolutely (relative imports stay inside its
-    package, which is shipped whole)."""
+    package, which is shipped whole), and those of them imported only under a `try` that
+    catches ImportError (or any exception)."""
     try:
         tree = ast.parse(path.read_bytes(), str(path))
     except SyntaxError as exc:
+        if not strict:
+            return set(), set()
         rel = path.relative_to(task_dir).as_posix()
         raise CodeError(f"task: {rel} line {exc.lineno}: {exc.msg}; the pods could not import "
                         f"it") from None
     except (OSError, ValueError) as exc:
         raise CodeError(f"task: cannot read {path}: {exc}") from None
+    names, guarded = _imports(tree), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
+            guarded |= set().union(*(_imports(stmt) for stmt in node.body))
+    unguarded = set().union(set(), *(_imports(n) for n in _outside_guards(tree)))
+    return names, guarded - unguarded
+
+
+def _imports(tree: ast.AST) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -246,6 +321,30 @@ def _imported_names(path: Path, task_dir: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             names.add(node.module.split(".")[0])
     return names
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(k is None or (isinstance(k, ast.Name) and k.id in (
+        "ImportError", "ModuleNotFoundError", "Exception", "BaseException")) for k in kinds)
+
+
+def _outside_guards(tree: ast.AST) -> list[ast.stmt]:
+    """The import statements not inside a guarding try body."""
+    found: list[ast.stmt] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
+            for child in [*node.handlers, *node.orelse, *node.finalbody]:
+                visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
 
 
 def _installed(name: str) -> str | None:
@@ -310,10 +409,18 @@ def _entry(path: Path, rel: str, mount: str, why: str = "", label: str = "cluste
         raise CodeError(f"cluster.code: {rel} is {len(raw) / 2**20:.2f} MiB, over the 1 MiB "
                         f"ConfigMap limit; put it on a volume (--volumes) or in the image")
     mount_path = posixpath.join(mount, rel)
+    binary = base64.b64encode(raw).decode("ascii")
     try:
-        return CodeFile(key, mount_path, text=raw.decode("utf-8"), why=why)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return CodeFile(key, mount_path, binary=base64.b64encode(raw).decode("ascii"), why=why)
+        return CodeFile(key, mount_path, binary=binary, why=why)
+    if block_safe(text):
+        return CodeFile(key, mount_path, text=text, why=why)
+    # the pod gets the same bytes either way; only the printed manifest is less readable
+    what = "CRLF line ends" if "\r" in text else "control characters or a BOM"
+    return CodeFile(key, mount_path, binary=binary, why=why, note=(
+        f"{label}: {rel} ships base64 in the ConfigMap's binaryData: it holds {what}, which "
+        f"a YAML block cannot hold byte for byte"))
 
 
 def _check_unique(files: list[CodeFile]) -> None:

@@ -1,9 +1,12 @@
 """Installing disttrain into the pod at start (`cluster.install_disttrain`), keeping the
 image's torch.
 
-    install_command(spec.cluster, argv)
-    # ['sh', '-c', "python -c '...' > /tmp/disttrain-constraints.txt && python -m pip install
-    #   --no-cache-dir -c /tmp/disttrain-constraints.txt disttrain==0.1.0 && exec torchrun ..."]
+    install_setup(spec.cluster)
+    # "python -c '...' > /tmp/disttrain-constraints.txt && python -m pip install
+    #   --no-cache-dir -c /tmp/disttrain-constraints.txt disttrain==0.1.0 || exit $?\n"
+
+The line runs before torchrun in the pod's shell PID 1 (k8s/stopping.py), which a failed
+install ends with pip's status.
 
 A pod must train on the image's torch: the CUDA build that matches the node's driver.
 A plain `pip install disttrain` may replace it (gigabytes from the mirror, and a build that
@@ -15,6 +18,9 @@ with the conflict named, instead of changing them.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata as metadata
+import re
 import shlex
 from urllib.parse import urlparse
 
@@ -32,10 +38,11 @@ PIN_SCRIPT = (
     'print("".join(f"{n}=={v[n]}\\n" for n in ("torch", "numpy") if n in v), end="")')
 
 
-def install_command(c: ClusterSpec, argv: list[str]) -> list[str]:
-    """`argv` behind the pip install of `c.install_disttrain`, the image's torch pinned."""
+def install_setup(c: ClusterSpec) -> str:
+    """The shell line that pip-installs `c.install_disttrain`, the image's torch pinned;
+    empty when nothing is installed."""
     if not c.install_disttrain:
-        return argv
+        return ""
     pins = ["python", "-c", PIN_SCRIPT]
     pip = ["python", "-m", "pip", "install", "--no-cache-dir", "-c", PINS]
     if c.pip_index_url:
@@ -44,5 +51,49 @@ def install_command(c: ClusterSpec, argv: list[str]) -> list[str]:
         if url.scheme == "http" and url.hostname:
             pip += ["--trusted-host", url.hostname]  # a plain-HTTP mirror, as in the guide
     pip.append(c.install_disttrain)
-    return ["sh", "-c", f"{shlex.join(pins)} > {PINS} && {shlex.join(pip)} && "
-                        f"exec {shlex.join(argv)}"]
+    return f"{shlex.join(pins)} > {PINS} && {shlex.join(pip)} || exit $?\n"
+
+
+# What an image is known to hold, as distributions: the image's torch (every pod needs it)
+# with what torch requires, and, when the image has disttrain (built in or installed at
+# start), disttrain with what it requires. Anything else (torchvision, hydra, boto3) may or
+# may not be there: nothing here can know, so render warns about it.
+IMAGE_HAS = ("torch",)
+WITH_DISTTRAIN = ("disttrain",)
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+@functools.cache
+def image_modules(has_disttrain: bool) -> frozenset[str]:
+    """Top-level modules the pod's image is known to have (read from this machine's package
+    metadata: torch's requirements at this torch version, disttrain's declared ones)."""
+    dists = _closure(IMAGE_HAS + (WITH_DISTTRAIN if has_disttrain else ()))
+    modules = {name.replace("-", "_") for name in dists}
+    for module, owners in metadata.packages_distributions().items():
+        if any(_canonical(d) in dists for d in owners):
+            modules.add(module)
+    return frozenset(modules | ({"disttrain"} if has_disttrain else set()))
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(roots: tuple[str, ...]) -> set[str]:
+    """The distributions `roots` need, transitively (extras left out), as installed here."""
+    seen: set[str] = set()
+    queue = [_canonical(r) for r in roots]
+    while queue:
+        name = queue.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for req in requires:
+            match = _NAME.match(req)
+            if match and "extra ==" not in req.replace("extra==", "extra =="):
+                queue.append(_canonical(match.group(1)))
+    return seen

@@ -10,6 +10,11 @@ which the client then no longer finds or owns.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from disttrain.spec.job import JobSpec
+
 LABEL_JOB = "disttrain.io/job"  # the job's name on every object: what status/logs/delete select
 LABEL_KIND = "disttrain.io/kind"  # pod | job | pytorchjob
 LABEL_WORKLOAD = "disttrain.io/workload"  # the built-in example, "task" or "script"
@@ -24,3 +29,17 @@ ANNOTATION_RENDER_HASH = "disttrain.io/render-hash"  # the rendered form, for an
 
 # label keys a user's cluster.labels may not set: disttrain finds its objects by them
 RESERVED_PREFIXES = ("disttrain.io/", "app.kubernetes.io/")
+
+
+def pod_name_hosts(spec: JobSpec) -> list[str]:
+    """Hostnames of the pods of `spec`, in node-rank order (what the DNS names point to):
+    the names the renderer gives the pods, which run-local and the messages naming a lost
+    host use too."""
+    name, kind, n = spec.name, spec.cluster.kind, spec.launch.nnodes
+    if kind == "pod":
+        return [name]
+    if kind == "job":
+        return [f"{name}-{i}" for i in range(n)]
+    if spec.cluster.elastic_nodes:
+        return [f"{name}-worker-{i}" for i in range(n)]
+    return [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(n - 1)]

@@ -5,19 +5,20 @@
 What is deployed is what is tested: every pod of `render(spec)` becomes a process that
 runs the container's command with the container's env (kubelet's `$(VAR)` expansion
 included), in its own network namespace and UTS namespace (hostname = pod hostname).
-The namespaces hang off one bridge inside a private "switch" namespace, addresses come
-only from 198.18.0.0/15 (RFC 2544 benchmarking space), and `/etc/netns/<ns>/hosts` maps
-the names the cluster's DNS would serve (`<job>-0.<svc>` ...). There is no default route,
-so a pod can reach loopback and the other emulated pods, nothing else. Volumes are local
-folders (a PVC is one folder shared by all pods, a ConfigMap file is written where it is
-mounted). Everything is removed afterwards, also on failure, Ctrl-C or SIGTERM.
+The namespaces, their bridge, addresses (198.18.0.0/15 only) and hosts files are
+`disttrain.k8s.netns`'s; a pod reaches loopback and the other emulated pods, nothing else.
+Volumes are local folders (a PVC is one folder shared by all pods, a ConfigMap file is
+written where it is mounted). A failed pod is re-created as its workload's controller
+would (`backoff_limit`: a Job's backoffLimit), and a pod killed by SIGKILL as a whole is
+reported as a lost host with its ranks (from RUN_DIR/ranks.json; docs/resilience.md,
+"Hosts lost and partitions"). Everything is removed afterwards, also on failure, Ctrl-C
+or SIGTERM.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import ipaddress
 import os
 import re
 import shutil
@@ -27,8 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,12 +39,11 @@ from disttrain import envvars
 from disttrain.errors import LocalRunError
 from disttrain.k8s.code import SPEC_PATH
 from disttrain.k8s.logtee import tee_tail
+from disttrain.k8s.netns import check_host, network, pod_address
 from disttrain.k8s.render import render
 from disttrain.spec.job import JobSpec
 from disttrain.spec.paths import is_directory
 
-SUBNET = ipaddress.ip_network("198.18.0.0/15")
-POD_NET = ipaddress.ip_network("198.18.0.0/24")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER")
 
@@ -70,6 +69,7 @@ class LocalResult:
     exit_codes: dict[str, int]
     logs: dict[str, str] = field(default_factory=dict)
     timed_out: bool = False
+    lost: dict[str, str] = field(default_factory=dict)  # pod -> `lost_host_line`
 
     @property
     def exit_code(self) -> int:
@@ -90,15 +90,6 @@ def expand(text: str, env: dict[str, str]) -> str:
         return env.get(m.group(1), m.group(0))
 
     return _VAR.sub(sub, text)
-
-
-def pod_address(index: int) -> str:
-    """The emulated pod's IPv4 address: 198.18.0.<index + 1> (inside 198.18.0.0/15)."""
-    addr = POD_NET.network_address + index + 1
-    if addr not in POD_NET or addr == POD_NET.broadcast_address:
-        raise LocalRunError(f"run-local emulates at most {POD_NET.num_addresses - 2} pods")
-    assert addr in SUBNET
-    return str(addr)
 
 
 def local_pods(objects: list[dict[str, Any]], spec: JobSpec) -> list[LocalPod]:
@@ -181,77 +172,6 @@ def _field(source: dict[str, Any], host: str, address: str, fields: dict[str, st
     if path == "status.podIP":
         return address
     raise LocalRunError(f"run-local cannot emulate env valueFrom {source}")
-
-
-def hosts_file(pods: list[LocalPod]) -> str:
-    """/etc/hosts of every emulated pod: loopback plus all pods' DNS names."""
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-             "::ffff:127.0.0.1\tlocalhost"]
-    lines += [f"{p.address}\t{' '.join(p.aliases)}" for p in pods]
-    # the same names for IPv4-mapped IPv6 peers, so c10d's reverse lookups succeed offline
-    lines += [f"::ffff:{p.address}\t{' '.join(p.aliases)}" for p in pods]
-    return "\n".join(lines) + "\n"
-
-
-def check_host() -> None:
-    """Refuse, with the reason, where network namespaces cannot be made."""
-    if not sys.platform.startswith("linux"):
-        raise LocalRunError("run-local needs Linux network namespaces")
-    if os.geteuid() != 0:
-        raise LocalRunError("run-local needs root: it creates network namespaces (ip netns) "
-                            "and veth pairs; run it with sudo")
-    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("sh", "a shell")):
-        if shutil.which(tool) is None:
-            raise LocalRunError(f"run-local needs `{tool}` ({package}) on PATH")
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    if probe.returncode != 0:
-        raise LocalRunError(f"`ip netns` does not work here: {probe.stderr.strip()}")
-
-
-# -- the emulated network ------------------------------------------------------------------
-def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise LocalRunError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
-
-
-@contextmanager
-def network(pods: list[LocalPod], tag: str) -> Iterator[dict[str, str]]:
-    """Namespaces, veths and hosts files for `pods`; yields pod name -> netns name."""
-    switch = f"{tag}-sw"
-    names = {p.name: f"{tag}-{i}" for i, p in enumerate(pods)}
-    made: list[str] = []
-    etc_netns = Path("/etc/netns")
-    fresh_etc = not etc_netns.exists()
-    try:
-        _ip("netns", "add", switch)
-        made.append(switch)
-        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", switch, "link", "set", "br0", "up")
-        hosts = hosts_file(pods)
-        for i, pod in enumerate(pods):
-            ns = names[pod.name]
-            _ip("netns", "add", ns)
-            made.append(ns)
-            etc = etc_netns / ns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(hosts)
-            # nothing listens there inside the namespace: unknown names fail fast, offline
-            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"v{i}",
-                "netns", switch)
-            _ip("-n", switch, "link", "set", f"v{i}", "master", "br0")
-            _ip("-n", switch, "link", "set", f"v{i}", "up")
-            _ip("-n", ns, "addr", "add", f"{pod.address}/{POD_NET.prefixlen}", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield names
-    finally:
-        for ns in reversed(made):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-            shutil.rmtree(etc_netns / ns, ignore_errors=True)
-        if fresh_etc and etc_netns.is_dir() and not any(etc_netns.iterdir()):
-            etc_netns.rmdir()
 
 
 # -- files -------------------------------------------------------------------------------
@@ -378,7 +298,8 @@ def run_local(spec: JobSpec, base_dir: Path, *, out: Callable[[str], None],
         files = _Files(root, configmaps)
         plans = [(pod, files.prepare(pod)) for pod in pods]
         with network(pods, tag) as netns:
-            return _supervise(plans, netns, root, out, timeout_s, grace_s)
+            return _supervise(plans, netns, root, out, timeout_s, grace_s,
+                              backoff=backoff_limit(objects), run_dir=Path(spec.run_dir))
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -396,37 +317,101 @@ def _on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, handler)
 
 
+def backoff_limit(objects: list[dict[str, Any]]) -> int:
+    """How many pod failures the workload re-creates pods for (0: the first one fails it).
+
+    An Indexed Job re-creates a failed pod until `backoffLimit` failures (render sets it to
+    `launch.max_restarts`); a PyTorchJob restarts its pods (`restartPolicy: OnFailure`)
+    up to `runPolicy.backoffLimit`; a bare Pod (`restartPolicy: Never`) never comes back.
+    """
+    for obj in objects:
+        if obj["kind"] == "Job":
+            return int(obj["spec"].get("backoffLimit", 6))  # Kubernetes' default is 6
+        if obj["kind"] == "PyTorchJob":
+            policies = {r["restartPolicy"] for r in obj["spec"]["pytorchReplicaSpecs"].values()}
+            if "OnFailure" in policies:
+                return int((obj["spec"].get("runPolicy") or {}).get("backoffLimit") or 0)
+    return 0
+
+
+def lost_host_line(pod: LocalPod, run_dir: Path | None) -> str:
+    """What a pod killed by SIGKILL took with it: its host and (from ranks.json) ranks."""
+    from disttrain.resilience.ranks import ranks_on, read_ranks
+
+    ranks = ranks_on(pod.hostname, read_ranks(run_dir)) if run_dir is not None else []
+    which = (f" with rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+             if ranks else "")
+    return (f"host {pod.hostname} lost{which}: pod {pod.name} was killed by SIGKILL (a lost "
+            f"node, or the OOM killer)")
+
+
+@dataclass
+class _Pods:
+    """The running pods: start one (again), pump its output, stop them all."""
+
+    netns: dict[str, str]
+    root: Path
+    out: Callable[[str], None]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    tails: dict[str, list[str]] = field(default_factory=dict)
+    readers: list[threading.Thread] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, pod: LocalPod, mapping: dict[str, str]) -> None:
+        argv = [map_path(a, mapping) for a in _program(pod.argv)]
+        cwd = map_path(pod.working_dir, mapping) if pod.working_dir else None
+        if cwd is None or not Path(cwd).is_dir():
+            cwd = str(self.root / pod.name)
+            Path(cwd).mkdir(parents=True, exist_ok=True)
+        cmd = ["ip", "netns", "exec", self.netns[pod.name], "unshare", "--uts", "--",
+               "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh", pod.hostname, *argv]
+        proc = subprocess.Popen(cmd, env=_process_env(pod, mapping), cwd=cwd,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[pod.name] = proc
+        tail = self.tails.setdefault(pod.name, [])
+        t = threading.Thread(target=_pump, args=(proc, pod.name, tail, self.lock, self.out),
+                             daemon=True)
+        t.start()
+        self.readers.append(t)
+
+    def stop(self) -> None:
+        _stop(self.procs)
+        for t in self.readers:
+            t.join(timeout=5)
+
+
 def _supervise(plans: list[tuple[LocalPod, dict[str, str]]], netns: dict[str, str],
                root: Path, out: Callable[[str], None], timeout_s: float | None,
-               grace_s: float) -> LocalResult:
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    tails: dict[str, list[str]] = {}
-    lock = threading.Lock()
-    readers = []
+               grace_s: float, backoff: int = 0, run_dir: Path | None = None) -> LocalResult:
+    """Run the pods to the end, like the workload's controller would: a failed pod is
+    re-created while the failures stay within `backoff`; past it (or with 0) the other
+    pods are stopped after `grace_s`, as a failed Job terminates its pods."""
+    pods = _Pods(netns, root, out)
     result = LocalResult({})
+    failures = 0
     try:
         for pod, mapping in plans:
-            argv = [map_path(a, mapping) for a in _program(pod.argv)]
-            cwd = map_path(pod.working_dir, mapping) if pod.working_dir else None
-            if cwd is None or not Path(cwd).is_dir():
-                cwd = str(root / pod.name)
-                Path(cwd).mkdir(parents=True, exist_ok=True)
-            cmd = ["ip", "netns", "exec", netns[pod.name], "unshare", "--uts", "--",
-                   "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh", pod.hostname, *argv]
-            procs[pod.name] = subprocess.Popen(
-                cmd, env=_process_env(pod, mapping), cwd=cwd, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-            tails[pod.name] = []
-            t = threading.Thread(target=_pump, args=(procs[pod.name], pod.name, tails[pod.name],
-                                                     lock, out), daemon=True)
-            t.start()
-            readers.append(t)
+            pods.start(pod, mapping)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         failed_at: float | None = None
-        while any(p.poll() is None for p in procs.values()):
+        while any(p.poll() is None for p in pods.procs.values()):
             now = time.monotonic()
-            if failed_at is None and any(p.poll() not in (None, 0) for p in procs.values()):
-                failed_at = now  # like a Job with backoffLimit 0: the others are stopped
+            for pod, mapping in plans:
+                code = pods.procs[pod.name].poll()
+                if code in (None, 0) or failed_at is not None:
+                    continue
+                lost = code == -signal.SIGKILL
+                if lost:
+                    result.lost[pod.name] = lost_host_line(pod, run_dir)
+                if failures < backoff:
+                    failures += 1
+                    why = (result.lost.pop(pod.name) if lost else
+                           f"pod {pod.name} failed (exit code {_code(pods.procs[pod.name])})")
+                    out(f"[run-local] {why}; re-creating it ({failures} of backoffLimit {backoff})")
+                    pods.start(pod, mapping)
+                else:
+                    failed_at = now  # the workload failed: the others are stopped
             if failed_at is not None and now - failed_at > grace_s:
                 break
             if deadline is not None and now > deadline:
@@ -434,11 +419,9 @@ def _supervise(plans: list[tuple[LocalPod, dict[str, str]]], netns: dict[str, st
                 break
             time.sleep(0.2)
     finally:
-        _stop(procs)
-        for t in readers:
-            t.join(timeout=5)
-    result.exit_codes = {name: _code(p) for name, p in procs.items()}
-    result.logs = {name: "\n".join(lines) for name, lines in tails.items()}
+        pods.stop()
+    result.exit_codes = {name: _code(p) for name, p in pods.procs.items()}
+    result.logs = {name: "\n".join(lines) for name, lines in pods.tails.items()}
     return result
 
 

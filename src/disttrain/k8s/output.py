@@ -2,11 +2,13 @@
 
     print(to_yaml(render(spec).objects))
 
-Shipped files (ConfigMap `data`) print as `|` blocks, byte for byte: PyYAML quotes a
-multi-line string as soon as one line ends in a space or holds a tab, which turns a source
-file into one unreadable line; a literal block holds both exactly, so `_Dumper` allows it
-there. Only what a block cannot hold (CR line ends, control characters, a BOM) stays
-double-quoted, and every document is read back and compared before it is printed.
+Every shipped file (ConfigMap `data`) prints as a `|` block, byte for byte, one line or
+many: PyYAML quotes a multi-line string as soon as one line ends in a space or holds a tab,
+which turns a source file into one unreadable line; a literal block holds both exactly, so
+`_Dumper` allows it there. What a block cannot hold (`block_safe`: CR line ends, which a
+YAML reader turns into LF, control characters, a BOM) never reaches `data`: k8s/code.py
+ships such a file base64 in `binaryData` and says so. Every document is read back and
+compared before it is printed.
 """
 
 from __future__ import annotations
@@ -20,10 +22,28 @@ import yaml
 from disttrain.k8s.labels import ANNOTATION_FILES, ANNOTATION_IMAGE
 
 
+def block_safe(text: str) -> bool:
+    """Whether a YAML literal block holds `text` exactly (what code.py may put in `data`)."""
+    return not _NOT_IN_BLOCK.search(text)
+
+
+class _File(str):
+    """A shipped file's content: always a block, also when it is one line."""
+
+    __slots__ = ()
+
+
+def _files_as_blocks(obj: dict[str, Any]) -> dict[str, Any]:
+    if obj.get("kind") != "ConfigMap" or not obj.get("data"):
+        return obj
+    return {**obj, "data": {k: _File(v) for k, v in obj["data"].items()}}
+
+
 def to_yaml(objects: list[dict[str, Any]]) -> str:
-    """Multi-document YAML, each document headed by a comment saying what the image needs."""
+    """Multi-document YAML, each document headed by a comment saying what the image needs
+    and, for the ConfigMap, which files it ships and why."""
     docs = []
-    for obj in objects:
+    for obj in map(_files_as_blocks, objects):
         meta = obj.get("metadata", {})
         head = f"# {obj['kind']} {meta.get('name')}"
         needs = _annotation(obj, ANNOTATION_IMAGE)
@@ -46,8 +66,10 @@ def _dump(obj: dict[str, Any]) -> str:
 
 
 # What a literal block cannot hold exactly: CR and the other YAML 1.1 line breaks (a
-# reader turns them into LF), the BOM, and C0 controls other than tab and LF.
-_NOT_IN_BLOCK = re.compile("[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
+# reader turns them into LF), the BOM, and what YAML calls non-printable (C0 controls other
+# than tab and LF, DEL, the C1 controls, surrogates, U+FFFE / U+FFFF).
+_NOT_IN_BLOCK = re.compile(
+    "[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\u2028\u2029\ufeff]")
 
 
 class _Base(yaml.SafeDumper):
@@ -62,8 +84,8 @@ class _Dumper(_Base):
 
     def analyze_scalar(self, scalar: str) -> Any:
         analysis = super().analyze_scalar(scalar)
-        if analysis.multiline and not analysis.allow_block and not _NOT_IN_BLOCK.search(scalar):
-            analysis.allow_block = True
+        if not analysis.allow_block and not _NOT_IN_BLOCK.search(scalar):
+            analysis.allow_block = True  # only a string represented as `|` asks for it
         return analysis
 
 
@@ -83,8 +105,15 @@ def _quoted(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
+def _file(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if _NOT_IN_BLOCK.search(value) else "|"
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style=style)
+
+
 _Dumper.add_representer(str, _block)
+_Dumper.add_representer(_File, _file)
 _Escaping.add_representer(str, _quoted)
+_Escaping.add_representer(_File, _quoted)
 
 
 def to_json(objects: list[dict[str, Any]]) -> str:

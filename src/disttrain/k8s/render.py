@@ -29,7 +29,7 @@ from disttrain.distributed.torch_compat import image_note, minimum_torch, show
 from disttrain.errors import SpecError
 from disttrain.k8s import hami
 from disttrain.k8s.code import SPEC_PATH, CodePlan, configmap_data, plan_code
-from disttrain.k8s.install import install_command
+from disttrain.k8s.install import install_setup
 from disttrain.k8s.labels import (
     ANNOTATION_CODE,
     ANNOTATION_FILES,
@@ -41,9 +41,11 @@ from disttrain.k8s.labels import (
     LABEL_NEEDS_DISTTRAIN,
     LABEL_WORKLOAD,
     RESERVED_PREFIXES,
+    pod_name_hosts,
 )
 from disttrain.k8s.output import to_json, to_yaml
 from disttrain.k8s.security import baseline_violations, container_security, pod_security
+from disttrain.k8s.stopping import grace_period_s, pod_command, pod_failure_policy, run_dir_warning, stop_env
 from disttrain.launch.argv import resolve_nproc, torchrun_argv, worker_command
 from disttrain.spec.fields import parse_quantity
 from disttrain.spec.job import JobSpec
@@ -88,18 +90,6 @@ def spec_to_objects(spec: JobSpec, base_dir: Path | str = ".") -> list[dict[str,
     return render(spec, base_dir).objects
 
 
-def pod_name_hosts(spec: JobSpec) -> list[str]:
-    """Hostnames of the pods of `spec`, in node-rank order (what the DNS names point to)."""
-    name, kind, n = spec.name, spec.cluster.kind, spec.launch.nnodes
-    if kind == "pod":
-        return [name]
-    if kind == "job":
-        return [f"{name}-{i}" for i in range(n)]
-    if spec.cluster.elastic_nodes:
-        return [f"{name}-worker-{i}" for i in range(n)]
-    return [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(n - 1)]
-
-
 def quantity(text: str) -> Decimal:
     """A Kubernetes quantity's value (the grammar of `disttrain.spec.fields`).
 
@@ -122,10 +112,10 @@ class _Renderer:
         self.nproc = resolve_nproc(spec, gpus=self.c.gpus)
         self.image = self.c.image or (LOCAL_IMAGE if local else None)
         self._check()
-        # A replaced pod starts with torchrun's restart count at 0: with restarts on, the
-        # built-in job must resume from the run dir's checkpoints by itself.
+        # A recreated pod (restarts, or preemption: k8s/stopping.py) starts with torchrun's
+        # restart count at 0, so the built-in job resumes by itself (none found: from scratch)
         pod_spec = spec
-        if spec.launch.max_restarts and not spec.script:
+        if (spec.launch.max_restarts or self.c.kind != "pod") and not spec.script:
             pod_spec = spec.model_copy(update={"train": spec.train.model_copy(
                 update={"resume": True})})
         if spec.task:  # the pod imports the task from the code mount (shipped or a volume)
@@ -133,7 +123,8 @@ class _Renderer:
         # what the image's tag says about its torch; a torch too old for the job is refused
         self.torch_note = (image_note(pod_spec, self.image) if self._needs_disttrain()
                            and not local else None)
-        self.code: CodePlan = plan_code(spec, base_dir, pod_spec.to_yaml())
+        self.code: CodePlan = plan_code(spec, base_dir, pod_spec.to_yaml(),
+                                         image_imports=not local)
         self.warnings += self.code.notes
 
     # -- checks -----------------------------------------------------------------------
@@ -225,6 +216,9 @@ class _Renderer:
             notes[ANNOTATION_CODE] = hashlib.sha256(data).hexdigest()[:32]
         return {"labels": self._labels(), "annotations": notes}
 
+    def _script_entry(self) -> bool:  # scripts get the heartbeat entry where the pod has disttrain
+        return bool(self.c.image_has_disttrain or self.c.install_disttrain)
+
     def _needs_disttrain(self) -> bool:
         return self.spec.workload != "script" or bool(self.c.install_disttrain)
 
@@ -265,7 +259,8 @@ class _Renderer:
 
     def _pod(self) -> dict[str, Any]:
         env = [(envvars.MASTER_ADDR, "localhost"), (envvars.MASTER_PORT, str(self.port))]
-        argv = torchrun_argv(self._pod_spec_view(), nproc=self.nproc, spec_path=self._spec_path())
+        argv = torchrun_argv(self._pod_spec_view(), nproc=self.nproc, spec_path=self._spec_path(),
+                             script_entry=self._script_entry())
         meta = self._meta(self.name)
         meta["annotations"] = self._pod_meta()["annotations"]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
@@ -283,11 +278,14 @@ class _Renderer:
         rank0 = f"{self.name}-0.{self.name}"  # pod 0's hostname.subdomain
         argv = torchrun_argv(self._pod_spec_view(), nproc=self.nproc,
                              node_rank="$(JOB_COMPLETION_INDEX)",
-                             rdzv_endpoint=f"{rank0}:{self.port}", spec_path=self._spec_path())
+                             rdzv_endpoint=f"{rank0}:{self.port}", spec_path=self._spec_path(),
+                             script_entry=self._script_entry())
         env: list[tuple[str, Any]] = [
             (envvars.MASTER_ADDR, rank0), (envvars.MASTER_PORT, str(self.port)),
             ("JOB_COMPLETION_INDEX", {"fieldRef": {"fieldPath": "metadata.annotations"
                                       "['batch.kubernetes.io/job-completion-index']"}})]
+        if self.spec.launch.max_restarts:  # a re-created pod's agent must rejoin (envvars.py)
+            env.append((envvars.SHARE_RDZV_STORE_OFF, "1"))
         podspec = self._podspec(self._container("trainer", argv, env), subdomain=self.name)
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.name),
                 "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n,
@@ -295,6 +293,8 @@ class _Renderer:
                          # Job fails at once; with them, a failed pod is re-created and
                          # torchrun re-forms the group from the last checkpoint
                          "backoffLimit": self.spec.launch.max_restarts,
+                         # a preempted or stopped (75) pod is recreated, uncounted (stopping.py)
+                         "podFailurePolicy": pod_failure_policy("trainer"),
                          "template": {"metadata": self._pod_meta(), "spec": podspec}}}
 
     def _pytorchjob(self) -> dict[str, Any]:
@@ -302,7 +302,7 @@ class _Renderer:
         argv = ["torchrun", f"--nproc_per_node={self.nproc}"]
         if self.spec.launch.max_restarts and not c.elastic_nodes:
             argv.append(f"--max_restarts={self.spec.launch.max_restarts}")
-        argv += worker_command(self._pod_spec_view(), self._spec_path())
+        argv += worker_command(self._pod_spec_view(), self._spec_path(), self._script_entry())
         ctr = self._container("pytorch", argv, [], unbuffered=False)  # the operator sets it
         ctr["ports"] = [{"name": "pytorchjob-port", "containerPort": self.port,
                          "protocol": "TCP"}]
@@ -344,11 +344,17 @@ class _Renderer:
     def _spec_path(self) -> str:
         return SPEC_PATH
 
+    def _workdir(self) -> str | None:
+        return self.code.mount if self.code.delivery == "configmap" else None
+
     def _container(self, name: str, argv: list[str], env: list[tuple[str, Any]],
                    unbuffered: bool = True) -> dict[str, Any]:
         ctr: dict[str, Any] = {"name": name, "image": self.image,
-                               "imagePullPolicy": self.c.image_pull_policy,
-                               "command": self._command(argv)}
+                               "imagePullPolicy": self.c.image_pull_policy}
+        if self.local:  # run-local runs the torchrun argv itself
+            ctr["command"] = argv
+        else:  # PID 1 forwards SIGTERM and exits 75 when stopped (k8s/stopping.py)
+            ctr["command"], ctr["args"] = pod_command(install_setup(self.c)), argv
         if self.code.delivery == "configmap":
             ctr["workingDir"] = self.code.mount
         ctr["env"] = self._env(env, unbuffered)
@@ -357,13 +363,10 @@ class _Renderer:
         ctr["securityContext"] = container_security(self.c)
         return ctr
 
-    def _command(self, argv: list[str]) -> list[str]:
-        return argv if self.local else install_command(self.c, argv)
-
     def _env(self, rendered: list[tuple[str, Any]], unbuffered: bool) -> list[dict[str, Any]]:
         """User env first (the guide's order), then ours unless the user set the same name."""
         pairs: list[tuple[str, Any]] = list(self.c.env.items())
-        pairs += rendered + hami.nccl_env(self.c)
+        pairs += rendered + hami.nccl_env(self.c) + stop_env(self.spec, self._workdir())
         if unbuffered:
             pairs.append((envvars.PYTHONUNBUFFERED, "1"))  # so `logs -f` shows progress live
         out, seen = [], set()
@@ -450,11 +453,14 @@ class _Renderer:
         spec["containers"] = [container]
         spec["volumes"] = self._volumes()
         spec["restartPolicy"] = "Never"
+        spec["terminationGracePeriodSeconds"] = grace_period_s(self.spec)
         return spec
 
     # -- warnings -----------------------------------------------------------------------
     def _warn(self, objects: list[dict[str, Any]]) -> None:
         c, w = self.c, self.warnings
+        lost = None if self.local else run_dir_warning(self.spec, self._workdir())
+        w += [lost] if lost else []
         if c.code.host_path:
             w.append(f"cluster.code.host_path: the code must already be in {c.code.host_path} "
                      f"on the node, which pins the job to nodes holding it (use --node-selector);"

@@ -37,8 +37,21 @@ def resolve_nproc(spec: JobSpec, gpus: int | None = None) -> int:
     return gpus if gpus >= 1 else 2
 
 
-def worker_command(spec: JobSpec, spec_path: str = "job.yaml") -> list[str]:
-    """What each worker runs: the user's script, or the built-in job reading `spec_path`."""
+# the entry that runs a user script with its optimizer steps as heartbeat (kept as a string:
+# this module stays free of the resilience package)
+SCRIPT_ENTRY = "disttrain.resilience.script_heartbeat"
+
+
+def worker_command(spec: JobSpec, spec_path: str = "job.yaml", script_entry: bool = False) -> list[str]:
+    """What each worker runs: the user's script, or the built-in job reading `spec_path`.
+
+    With `script_entry` a script runs through `python -m disttrain.resilience.script_heartbeat`
+    (needs disttrain where it runs), which is `python script.py` plus a heartbeat at every
+    optimizer step, so the stall watchdog covers an unmodified script (docs/resilience.md).
+    """
+    if spec.script and script_entry:
+        return ["-m", SCRIPT_ENTRY, f"--timeout-s={spec.launch.timeout_s:g}", spec.script,
+                *spec.args]
     if spec.script:
         return [spec.script, *spec.args]
     return ["-m", "disttrain.worker", "--spec", spec_path, *spec.args]
@@ -52,6 +65,7 @@ def torchrun_argv(
     rdzv_endpoint: str | None = None,
     program: str = "torchrun",
     spec_path: str = "job.yaml",
+    script_entry: bool = False,
 ) -> list[str]:
     """The torchrun invocation for `spec` (multi-node: c10d rendezvous at `rdzv_endpoint`).
 
@@ -62,6 +76,7 @@ def torchrun_argv(
         rdzv_endpoint: host:port of the c10d rendezvous; default master_addr:master_port.
         program: the launcher executable (`torchrun` in pods).
         spec_path: where the built-in worker finds the job spec (ignored for scripts).
+        script_entry: run a script through the heartbeat entry (`worker_command`).
 
     Returns:
         argv: program, torchrun options, then the worker command.
@@ -87,4 +102,4 @@ def torchrun_argv(
             argv.append(f"--node_rank={node_rank}")
     if launch.max_restarts:
         argv.append(f"--max_restarts={launch.max_restarts}")
-    return argv + worker_command(spec, spec_path)
+    return argv + worker_command(spec, spec_path, script_entry)

@@ -12,7 +12,9 @@ MASTER_ADDR, MASTER_PORT. OMP_NUM_THREADS is set to cores / local processes so r
 not fight over cores. The built-in job runs as a function that torchrun's elastic agent
 *forks* from the warm fork server on CPU (no second torch import per worker, about 1 s
 saved); user scripts run as `python script.py` subprocesses exactly as `torchrun
-script.py` would, with rank-prefixed output and torchrun's exit status.
+script.py` would, with rank-prefixed output and torchrun's exit status, through the
+heartbeat entry (`python -m disttrain.resilience.script_heartbeat script.py`), which beats
+the rank's heartbeat at each optimizer step (docs/resilience.md).
 
 `python -m torch.distributed.launch` is deprecated in favour of torchrun and is not
 offered: torchrun passes LOCAL_RANK in the environment instead of a `--local-rank`
@@ -26,9 +28,12 @@ to the launcher (without it, rank 0 would watch as it does under plain torchrun)
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,17 +85,73 @@ class ElasticLauncher:
     logs_dir: Path | None = None
 
     def launch(self, plan: LaunchPlan) -> LaunchResult:
+        from torch.distributed.elastic.multiprocessing import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
         config = plan.config(self.start_method, self.logs_dir)
         try:
-            values = elastic_launch(config, self.entry)(*self.args)
+            with _signals_restored(), _quiet_agent_stop():
+                values = elastic_launch(config, self.entry)(*self.args)
         except ChildFailedError as exc:
             host = socket.gethostname()
             failures = {rank: RankFailure.from_elastic(f, host) for rank, f in exc.failures.items()}
             return LaunchResult.failed(failures, log_text=_collect_logs(self.logs_dir, exc))
+        except SignalException as exc:
+            # The agent got SIGTERM / SIGINT, sent it to every worker and waited up to
+            # launch.stop_grace_s for them (docs/resilience.md, "Graceful stop"); not a
+            # failure, and never restarted under --max-restarts.
+            return _stopped(int(exc.sigval))
+        except KeyboardInterrupt:  # Ctrl-C before the agent took the signals over
+            return _stopped(int(signal.SIGINT))
         return LaunchResult(values=dict(values or {}))
+
+
+def _stopped(signum: int) -> LaunchResult:
+    """The result of a launch stopped by `signum`: exit status 128 + signum unless the
+    caller finds the ranks' record of a clean stop (`disttrain.resilience.preemption`)."""
+    return LaunchResult(exit_code=128 + signum, signal=signum)
+
+
+@contextlib.contextmanager
+def _signals_restored() -> Iterator[None]:
+    """Put back this process's SIGTERM / SIGINT / SIGHUP / SIGQUIT handlers after the
+    launch: torch's agent installs its own (they raise SignalException) and leaves them."""
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+# What torch's agent logs while it forwards a stop signal to the workers: `disttrain run`
+# says it in one line instead.
+# A worker that outlives the grace and is SIGKILLed is still reported (torch's warning).
+_AGENT_STOP_LINES = ("death signal, shutting down workers", "closing signal", "Closing process")
+
+
+@contextlib.contextmanager
+def _quiet_agent_stop() -> Iterator[None]:
+    """Keep torch's agent's warnings about a stop signal it forwards off the output."""
+    def keep(record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not any(part in text for part in _AGENT_STOP_LINES)
+
+    loggers = [logging.getLogger(name) for name in (
+        "torch.distributed.elastic.agent.server.api",
+        "torch.distributed.elastic.multiprocessing.api")]
+    for log in loggers:
+        log.addFilter(keep)
+    try:
+        yield
+    finally:
+        for log in loggers:
+            log.removeFilter(keep)
 
 
 class TorchrunLauncher:
@@ -107,7 +168,11 @@ class TorchrunLauncher:
 
         spec = plan.spec
         if spec.script:
-            inner = ElasticLauncher(sys.executable, ("-u", spec.script, *spec.args),
+            # `python -u script.py args` with a heartbeat at each optimizer step, so the
+            # watchdog below covers an unmodified script too (docs/resilience.md)
+            from disttrain.launch.argv import worker_command
+
+            inner = ElasticLauncher(sys.executable, ("-u", *worker_command(spec, script_entry=True)),
                                     logs_dir=spec.run_dir / "logs")
         else:
             from disttrain.worker import run_recorded, run_worker
@@ -179,16 +244,57 @@ class SpawnLauncher:
 
         method = worker_start_method()
         first = spec.launch.node_rank * nproc
-        try:
-            mp.start_processes(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc,
-                               join=True, start_method=method)
-        except mp.ProcessRaisedException as exc:
-            return LaunchResult.failed({first + exc.error_index: RankFailure(str(exc))},
-                                       log_text=str(exc))
-        except mp.ProcessExitedException as exc:
-            failure = RankFailure(str(exc), exitcode=exc.exit_code)
-            return LaunchResult.failed({first + exc.error_index: failure}, log_text=str(exc))
-        return LaunchResult()
+        ctx = mp.start_processes(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc,
+                                 join=False, start_method=method)
+        with _forwarding_signals([p.pid for p in ctx.processes]) as got:
+            try:
+                _join_within_grace(ctx, got, spec.launch.stop_grace_s)
+            except mp.ProcessRaisedException as exc:
+                if got:
+                    return _stopped(got[0])
+                return LaunchResult.failed({first + exc.error_index: RankFailure(str(exc))},
+                                           log_text=str(exc))
+            except mp.ProcessExitedException as exc:
+                if got:
+                    return _stopped(got[0])
+                failure = RankFailure(str(exc), exitcode=exc.exit_code)
+                return LaunchResult.failed({first + exc.error_index: failure}, log_text=str(exc))
+        return _stopped(got[0]) if got else LaunchResult()
+
+
+def _join_within_grace(ctx: Any, got: list[int], grace_s: float) -> None:
+    """Wait for mp.start_processes' workers; once a stop signal was forwarded to them,
+    at most `grace_s` more before SIGKILL, as torch's agent does for torchrun."""
+    import time
+
+    deadline: float | None = None
+    while not ctx.join(timeout=0.1):
+        if got and deadline is None:
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+
+
+@contextlib.contextmanager
+def _forwarding_signals(pids: list[int]) -> Iterator[list[int]]:
+    """While the block runs, SIGTERM / SIGINT to this process go to the `pids` (the
+    `--launcher spawn` workers, which have no elastic agent to forward them); the signals
+    received are yielded. Main thread only (elsewhere: nothing is installed)."""
+    got: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        got.append(signum)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    with _signals_restored():
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, forward)
+        yield got
 
 
 # -- one rank from the environment -----------------------------------------------------------
@@ -322,6 +428,9 @@ def launch_function(spec: JobSpec, entry: Callable[..., Any], *args: Any) -> Lau
         os.environ.clear()
         os.environ.update(saved)
     result.notes[:0] = plan.notes
+    if result.signal and not result.failures:  # SIGTERM / Ctrl-C: no values; say why, as a failure
+        name = signal.Signals(result.signal).name
+        result.failures = {0: RankFailure(f"stopped by {name}", exitcode=result.exit_code)}
     return result
 
 

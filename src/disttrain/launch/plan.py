@@ -135,7 +135,21 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
         max_restarts=launch.max_restarts, monitor_interval=MONITOR_INTERVAL_S,
         start_method=start_method, logs_specs=logs_specs,
         log_line_prefix_template="[rank${rank}]:" if logs_dir is not None else None,
+        **_shutdown_timeout(launch),
     )
+
+
+def _shutdown_timeout(launch: LaunchSpec) -> dict[str, int]:
+    """How long torch's agent waits, after forwarding SIGTERM / SIGINT to the workers,
+    before SIGKILL: the spec's `stop_grace_s`, time to agree on a step and write one
+    checkpoint (torch's default is 30 s; older torch has no such setting and keeps its 30 s).
+    See docs/resilience.md, "Graceful stop"."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    names = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {"shutdown_timeout": int(launch.stop_grace_s)} if "shutdown_timeout" in names else {}
 
 
 # -- the plan -------------------------------------------------------------------------------

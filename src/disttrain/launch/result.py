@@ -70,6 +70,8 @@ class LaunchResult:
         notes: things the user should know (a master port that moved).
         log_text: the text for `disttrain doctor`-style diagnosis of a failure.
         stalls: the watchdog's reports, one line per stalled rank.
+        signal: the signal (SIGTERM / SIGINT) that stopped the launcher and, through it,
+            the ranks (0: none; `disttrain.resilience.preemption`).
     """
 
     exit_code: int = 0
@@ -78,6 +80,7 @@ class LaunchResult:
     notes: list[str] = field(default_factory=list)
     log_text: str = ""
     stalls: list[str] = field(default_factory=list)
+    signal: int = 0
 
     @classmethod
     def failed(cls, failures: dict[int, RankFailure], log_text: str = "",

@@ -1,6 +1,7 @@
-"""Fault injection for the resilience tests: make one rank fail at an exact step.
+"""Fault injection for the resilience tests: make one rank fail at an exact step, or slow.
 
     disttrain run --max-restarts 1 ...    # with envvars.FAULT set to kill:rank=1:step=17
+    disttrain run ...                     # with envvars.FAULT set to slow-compute:rank=1:factor=3
 
 TESTING ONLY. The variable `envvars.FAULT` (docs/resilience.md) set to
 `ACTION:rank=R:step=S[:phase=P][:restart=N]` makes rank R
@@ -9,6 +10,13 @@ when its heartbeat (`disttrain.resilience.heartbeat`) reaches optimizer step S, 
 (forward, backward, optimizer, between steps, checkpoint, eval, finish), during restart
 round N (default 0, so a restarted job runs clean). The variable is read here alone, once
 per process when the heartbeat starts; unset, it costs one `is None` test per beat.
+
+Two slowdowns make a straggler for the step-time breakdown's tests (`train/step_timing.py`,
+docs/performance.md): `slow-compute:rank=R:factor=F` makes rank R's forward + backward take
+F times as long (it sleeps F-1 times its measured compute before each micro-batch's
+forward), `slow-data:rank=R:ms=M` makes each of rank R's batches arrive M ms later (its
+loader's next()); both from optimizer step `step` (default 0) on. The heartbeat never fires
+them; the step timer applies them.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from dataclasses import dataclass
 
 from disttrain import envvars
 
-FAULT_ACTIONS = ("kill", "stop", "hang", "exit", "raise")
+FAULT_ACTIONS = ("kill", "stop", "hang", "exit", "raise", "slow-compute", "slow-data")
+SLOWDOWNS = ("slow-compute", "slow-data")
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,13 @@ class Fault:
     step: int
     phase: str | None = None
     restart: int = 0
+    factor: float = 1.0   # slow-compute: compute takes this many times as long
+    ms: float = 0.0       # slow-data: each batch arrives this much later
+
+    @property
+    def slowdown(self) -> bool:
+        """A slowdown (applied by the step timer), not a failure the heartbeat fires."""
+        return self.action in SLOWDOWNS
 
     @classmethod
     def parse(cls, text: str) -> Fault:
@@ -43,21 +59,29 @@ class Fault:
             ValueError: the text is malformed; the message shows the expected form.
         """
         usage = (f"{envvars.FAULT}={text!r}: expected ACTION:rank=R:step=S[:phase=P][:restart=N] "
-                 f"with ACTION one of {', '.join(FAULT_ACTIONS)}")
+                 f"with ACTION one of {', '.join(FAULT_ACTIONS)}, or slow-compute:rank=R:factor=F "
+                 f"| slow-data:rank=R:ms=M [:step=S][:restart=N]")
         action, *parts = text.strip().split(":")
         values: dict[str, str] = {}
         for part in parts:
             key, sep, value = part.partition("=")
-            if not sep or key not in ("rank", "step", "phase", "restart"):
+            if not sep or key not in ("rank", "step", "phase", "restart", "factor", "ms"):
                 raise ValueError(usage)
             values[key] = value
-        if action not in FAULT_ACTIONS or "rank" not in values or "step" not in values:
+        slow = {"slow-compute": "factor", "slow-data": "ms"}.get(action)
+        wrong_keys = (slow not in values or values.keys() - {"rank", "step", "restart", slow}
+                      if slow else "step" not in values)
+        if action not in FAULT_ACTIONS or "rank" not in values or wrong_keys:
             raise ValueError(usage)
         try:
-            return cls(action, int(values["rank"]), int(values["step"]),
-                       values.get("phase") or None, int(values.get("restart", "0")))
+            fault = cls(action, int(values["rank"]), int(values.get("step", "0")),
+                        values.get("phase") or None, int(values.get("restart", "0")),
+                        float(values.get("factor", "1")), float(values.get("ms", "0")))
         except ValueError:
             raise ValueError(usage) from None
+        if fault.factor < 1 or fault.ms < 0:
+            raise ValueError(usage)
+        return fault
 
     @classmethod
     def from_env(cls) -> Fault | None:
@@ -71,6 +95,8 @@ class Fault:
         in one place for a while would have; a process frozen within one publishing
         interval of its last move is reported where it was last seen.
         """
+        if self.slowdown:  # the step timer applies it (train/step_timing.py)
+            return
         print(f"disttrain fault injection (testing only): {self.action} rank {self.rank} "
               f"pid {os.getpid()} at {where} t={time.time():.3f}", file=sys.stderr, flush=True)
         if self.action == "kill":

@@ -195,6 +195,12 @@ def _fault_from_env() -> Fault | None:
     return Fault.from_env()
 
 
+def current() -> Heartbeat | None:
+    """This process's running heartbeat, if any (a user script's entry leaves one the
+    Trainer started alone: `disttrain.resilience.script_heartbeat`)."""
+    return _current
+
+
 def beat(step: int, phase: str = "forward") -> None:
     """Mark progress of this rank's heartbeat; a no-op before `start`."""
     hb = _current

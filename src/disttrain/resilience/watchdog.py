@@ -86,9 +86,15 @@ class Stall:
                     f"wait for it in one")
         text = (f"rank {self.rank} (pid {self.pid}, host {self.host}) made no progress for "
                 f"{self.stale_s:.0f} s; last seen: step {self.step}, phase {self.phase}")
-        text += ("; the process is not running (stopped, or blocked holding the GIL)"
-                 if self.frozen else "; the process is alive but stuck (a deadlock, or "
-                                     "waiting for something outside the job)")
+        if self.frozen and not self.local:
+            # nothing arrives from that host any more: from here, a partition, a lost node
+            # and a stopped process look the same (docs/resilience.md, "Hosts lost")
+            text += (f"; nothing arrives from host {self.host}: it is unreachable (a network "
+                     f"partition or a lost node), or the process is stopped")
+        else:
+            text += ("; the process is not running (stopped, or blocked holding the GIL)"
+                     if self.frozen else "; the process is alive but stuck (a deadlock, or "
+                                         "waiting for something outside the job)")
         if self.waiting:
             text += "; waiting for it: " + ", ".join(
                 f"rank {r} (step {s}, {p})" for r, s, p in self.waiting[:4])

@@ -96,7 +96,8 @@ class TrainSpec(StrictModel):
     grad_ckpt: bool = Field(False, description="activation checkpointing of model blocks")
     fsdp_sharding: Literal["full", "hybrid", "none"] = Field("full", description="FSDP sharding")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="random seed (model init, data order)")
-    run_dir: str | None = Field(None, description="output folder (default runs/<name>)")
+    run_dir: str | None = Field(None, description="output folder (default runs/<name>; a "
+                                "script's attempts: <run dir or runs/<script stem>>/run-N)")
     checkpoint_every_epochs: int = Field(1, ge=0, description="checkpoint interval, 0 = off")
     checkpoint_every_steps: int = Field(0, ge=0, description="checkpoint every N optimizer steps")
     resume: bool = Field(False, description="continue from the run dir's last checkpoint")

@@ -38,6 +38,7 @@ from disttrain.distributed.strategies import (
     wrap,
 )
 from disttrain.errors import SpecError
+from disttrain.resilience.ranks import identify
 from disttrain.rundir import RunWriter, open_writer
 from disttrain.spec.job import JobSpec, TrainSpec
 from disttrain.spec.rules import check_runnable
@@ -166,6 +167,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
         raise TaskError(f"the task's optimizer factory returned {type(optimizer).__name__}, "
                         f"not a torch.optim.Optimizer")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(cfg.warmup_steps))
+    identify(spec.run_dir, spec.name, rt)  # process title + RUN_DIR/ranks.json, once per round
     if writer is None and rt.is_rank0:
         writer = open_writer(spec.run_dir, spec.to_yaml())
     info = RunInfo(

@@ -5,18 +5,22 @@
     found = ckpt.restore()                       # (TrainState, path) or None; all ranks agree
     state, path = load_latest(ckpt_dir)          # the file layer alone: newest that loads
 
-Layout of `checkpoints/`: `ckpt-<step>.pt` files (the newest `keep` are kept) and
-`last.pt`, a hard link to the newest. A process killed while writing leaves only a
-`.tmp` file behind, which is ignored (and removed by the next save once its writer is
-gone), so the previous checkpoint stays loadable. Under FSDP every rank also writes its
-shards of model and optimizer to `dcp-<step>/` (torch.distributed.checkpoint), which the
-.pt file names; the .pt still holds the consolidated model weights for plain torch users.
+Layout of `checkpoints/`: `ckpt-<step>.pt` files (the newest `KEEP` = 2: the newest and
+one to fall back to), each with its integrity record `ckpt-<step>.manifest.json` (sizes
+and sha256 of its files, written last: `train/ckpt_integrity.py`), and `last.pt`, a hard
+link to the newest. A process killed while writing leaves only a `.tmp` file behind,
+which is ignored (and removed by the next save once its writer is gone), so the previous
+checkpoint stays loadable; a full disk removes what the save wrote and says so. Under
+FSDP every rank also writes its shards of model and optimizer to `dcp-<step>/`
+(`train/ckpt_sharded.py`), which the .pt file names and the manifest records; the .pt
+still holds the consolidated model weights for plain torch users.
 
 Reading trusts nothing: a checkpoint may come from a crashed writer, a disk that flipped
-a bit, or someone else. Every zip entry's CRC-32 is checked first (torch.load itself loads
-a flipped bit in tensor data silently), then `torch.load(weights_only=True)` rebuilds only
-tensors and plain containers, so a crafted pickle cannot run code. A file that fails
-either check is reported with its name and skipped for the next newest.
+a bit, or someone else. Its files are checked against the manifest first (a checkpoint of
+an older disttrain has none), then every zip entry's CRC-32 (torch.load itself loads a
+flipped bit in tensor data silently), then `torch.load(weights_only=True)` rebuilds only
+tensors and plain containers, so a crafted pickle cannot run code. A checkpoint that fails
+a check is reported with the file's name and what is wrong, and skipped for the next newest.
 
 Resume is exact: the .pt holds the position (`TrainState`: epoch, batch in the epoch,
 optimizer step, samples), the scheduler and loss scaler, and every rank's RNG states, so
@@ -44,10 +48,26 @@ from disttrain import envvars
 from disttrain.distributed.runtime import Runtime
 from disttrain.distributed.strategies import is_fsdp, unwrap
 from disttrain.errors import CheckpointError
+from disttrain.train.ckpt_integrity import (
+    Digest,
+    HashingWriter,
+    atomic_write,
+    file_digest,
+    is_disk_full,
+    manifest_path,
+    state_nbytes,
+    verify_manifest,
+    write_error,
+    write_manifest,
+)
+from disttrain.train.ckpt_sharded import dcp_name, load_sharded, save_sharded
 from disttrain.train.precision import Precision
 
 log = logging.getLogger("disttrain")
 CKPT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
+DCP_RE = re.compile(r"^dcp-(\d+)$")
+# Checkpoints kept: the newest, and one to fall back to when the newest is found damaged.
+KEEP = 2
 TMP_RE = re.compile(r"^\..+\.(\d+)\.tmp$")  # `.<name>.<pid>.tmp` of atomic writes
 
 
@@ -60,40 +80,112 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """Write `obj` to `path` so that readers see the old file or the new one, never half."""
+def atomic_torch_save(obj: Any, path: Path) -> Digest:
+    """Write `obj` to `path` so that readers see the old file or the new one, never half.
+
+    The bytes are hashed as torch.save writes them, and the temp file is read back and
+    compared before it is renamed into place: what the manifest records is what is on
+    disk. Returns the file's (bytes, sha256).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    written: list[Digest] = []
+
+    def write(f: Any) -> None:
+        writer = HashingWriter(f)
+        try:
+            torch.save(obj, writer)
+        except Exception:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
+        written.append(writer.digest())
+
+    def check(tmp: Path) -> None:
+        if file_digest(tmp) != written[0]:
+            raise CheckpointError(f"{path}: the bytes read back after writing differ from "
+                                  f"those written; check the disk or filesystem of train.run_dir")
+
+    atomic_write(path, write, check)
     _fsync_dir(path.parent)
+    return written[0]
 
 
-def save_checkpoint(ckpt_dir: Path, state: dict[str, Any], step: int, keep: int = 2) -> Path:
-    """Save `state` as ckpt-<step>.pt, point last.pt at it, prune older ones."""
-    remove_stale_tmp(ckpt_dir)
+def save_checkpoint(ckpt_dir: Path, state: dict[str, Any], step: int, keep: int = KEEP,
+                    files: dict[str, Digest] | None = None) -> Path:
+    """Save `state` as ckpt-<step>.pt with its manifest, point last.pt at it, prune.
+
+    Args:
+        files: more files the checkpoint is made of (FSDP's `dcp-<step>/` folder), named
+            relative to `ckpt_dir`, for the manifest.
+
+    Older checkpoints are pruned only once this one is complete, verified and recorded.
+
+    Raises:
+        CheckpointError: the disk is full (the path, the bytes needed and free) or the
+            file cannot be written; nothing of this checkpoint is left behind then.
+    """
     path = ckpt_dir / f"ckpt-{step:08d}.pt"
-    atomic_torch_save(state, path)
+    recorded, existed = False, path.exists()
+    try:
+        remove_stale_tmp(ckpt_dir)
+        with contextlib.suppress(FileNotFoundError):  # a re-save of this step: the old
+            manifest_path(path).unlink()               # record must not name the new file
+        digest = atomic_torch_save(state, path)
+        write_manifest(path, {path.name: digest, **(files or {})})
+        recorded = True
+        _fsync_dir(ckpt_dir)
+        _point_last(ckpt_dir, path)
+    except OSError as exc:
+        if recorded:  # complete and recorded: kept, the newest that loads; last.pt lags
+            raise CheckpointError(f"checkpoint {path}: written, but last.pt could not be "
+                                  f"re-pointed at it ({exc.strerror or exc}); check "
+                                  f"train.run_dir") from None
+        if not existed:
+            for p in (path, manifest_path(path)):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+        raise CheckpointError(write_error(exc, path, state_nbytes(state))) from None
+    prune(ckpt_dir, step, keep)
+    return path
+
+
+def _point_last(ckpt_dir: Path, path: Path) -> None:
     link_tmp = ckpt_dir / f".last.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         link_tmp.unlink()
     try:
         os.link(path, link_tmp)
-    except OSError:  # filesystems without hard links: a second atomic copy
-        atomic_torch_save(state, link_tmp)
+    except OSError as exc:  # filesystems without hard links: a copy
+        if is_disk_full(exc):
+            raise
+        shutil.copyfile(path, link_tmp)
     os.replace(link_tmp, ckpt_dir / "last.pt")
     _fsync_dir(ckpt_dir)
-    for old in list_checkpoints(ckpt_dir)[keep:]:
-        with contextlib.suppress(FileNotFoundError):
-            old.unlink()
-    return path
+
+
+def prune(ckpt_dir: Path, step: int, keep: int = KEEP) -> None:
+    """Keep the newest `keep` checkpoints up to `step` (with their manifests and DCP
+    folders). Those newer than `step` are dropped too: the run resumed from before them
+    because the newest was damaged, and they would shadow this one at the next resume."""
+    ckpts = list_checkpoints(ckpt_dir)
+    kept = [p for p in ckpts if _step_of(p) <= step][:keep]
+    for old in ckpts:
+        if old not in kept:
+            for p in (old, manifest_path(old)):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+    kept_dcp = {dcp_name(_step_of(p)) for p in kept}
+    for folder in ckpt_dir.glob("dcp-*"):
+        if DCP_RE.match(folder.name) and folder.name not in kept_dcp and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+    for folder in ckpt_dir.glob(".dcp-*.tmp"):  # a sharded save killed midway (none is running:
+        shutil.rmtree(folder, ignore_errors=True)  # this one's folder has its final name)
+
+
+def _step_of(path: Path) -> int:
+    m = CKPT_RE.match(path.name)
+    assert m is not None, path
+    return int(m.group(1))
 
 
 def remove_stale_tmp(ckpt_dir: Path) -> list[Path]:
@@ -151,10 +243,14 @@ def verify_zip(path: Path) -> None:
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Verify, then load with weights_only=True: tensors and plain containers, no code.
 
+    Every file the manifest names (the .pt, FSDP's folder) is checked against its size and
+    sha256 first; a checkpoint without one (an older disttrain) gets the zip checks only.
+
     Raises:
-        CheckpointError: the file is truncated, corrupt, holds objects other than
+        CheckpointError: a file is missing, truncated, corrupt, holds objects other than
             tensors and plain containers, or is not a disttrain checkpoint.
     """
+    verify_manifest(path)
     verify_zip(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
@@ -166,9 +262,10 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-def load_latest(ckpt_dir: Path, map_location: str | torch.device = "cpu"
+def load_latest(ckpt_dir: Path, map_location: str | torch.device = "cpu", report: bool = True
                 ) -> tuple[dict[str, Any], Path] | None:
-    """The newest checkpoint that loads; corrupt ones are reported and skipped.
+    """The newest checkpoint that loads; corrupt ones are reported (one warning each,
+    where `report`: rank 0 of a job) and skipped.
 
     Numbered files come first, newest first: a writer killed after renaming
     ckpt-<step>.pt but before re-pointing last.pt leaves last.pt one save behind.
@@ -182,7 +279,7 @@ def load_latest(ckpt_dir: Path, map_location: str | torch.device = "cpu"
         try:
             return load_checkpoint(path, map_location), path
         except CheckpointError as exc:
-            log.warning("warning: skipping checkpoint %s", exc)
+            log.log(logging.WARNING if report else logging.DEBUG, "warning: skipping checkpoint %s", exc)
     return None
 
 
@@ -217,68 +314,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# -- FSDP: sharded folders (torch.distributed.checkpoint) ---------------------------------
-def dcp_name(step: int) -> str:
-    return f"dcp-{step:08d}"
-
-
-def save_sharded(ckpt_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 rank0: bool, keep: int = 2) -> dict[str, Any]:
-    """Every rank writes its shards of model + optimizer to `ckpt_dir/dcp-<step>/`.
-
-    Every rank writes its own shards in parallel, nobody gathers the whole optimizer state,
-    and the folder loads into any world size. It is written under a temporary name and
-    renamed by rank 0 once DCP's metadata (written last, after every rank's data) exists,
-    so a crash mid-save never leaves a folder that looks complete. Returns what rank 0
-    puts in the .pt file: the folder name and the consolidated model weights.
-    """
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    from disttrain.distributed.fsdp import full_state_dict
-
-    name = dcp_name(step)
-    tmp = ckpt_dir / f".{name}.tmp"
-    if rank0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp))
-    full = full_state_dict(model, rank0_only=True)
-    if rank0:
-        final = ckpt_dir / name
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        _prune_sharded(ckpt_dir, keep)
-    return {"dcp": name, "model": full, "optimizer": {}}
-
-
-def _prune_sharded(ckpt_dir: Path, keep: int) -> None:
-    folders = sorted((p for p in ckpt_dir.glob("dcp-*") if p.is_dir()), reverse=True)
-    for old in folders[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load a `save_sharded` folder into the (already sharded) model and optimizer.
-
-    Raises:
-        CheckpointError: the folder has no DCP metadata (its save did not finish).
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    if not (folder / ".metadata").is_file():
-        raise CheckpointError(f"{folder}: not a complete torch.distributed.checkpoint folder")
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optimizer": osd}
-    dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
 
 
 # -- a training run's state: what is saved, and the resume policy -------------------------
@@ -331,22 +366,41 @@ class Checkpointer:
 
     def save(self, state: TrainState, write: bool) -> None:
         """A collective: RNG states come from all ranks, FSDP shards from each; the rank
-        with `write` (rank 0) writes the .pt file atomically."""
+        with `write` (rank 0) writes the .pt file atomically.
+
+        Raises:
+            CheckpointError: on every rank alike, when the save failed on any (a full
+                disk: the path, the bytes needed and free); the previous checkpoint is
+                left complete. The closing all-gather that keeps readers out until the
+                file is complete carries each rank's verdict, so no rank waits for a
+                collective timeout to learn that the writer failed.
+        """
         rngs = self.rt.all_gather_object(rng_state())
         data_states = None
         if _stateful(self.loader):
             data_states = self.rt.all_gather_object(self._loader_state())
-        sharded = None
+        error: str | None = None
+        sharded, files = None, {}
         if is_fsdp(self.model):  # every rank writes its shards (a collective)
-            sharded = save_sharded(self.ckpt_dir, state.step, self.model, self.optimizer,
-                                   rank0=self.rt.is_rank0)
-        if write:
+            try:
+                sharded, files = save_sharded(self.ckpt_dir, state.step, self.model,
+                                              self.optimizer, rank0=self.rt.is_rank0)
+            except CheckpointError as exc:
+                error = str(exc)
+        if write and error is None:
             saved = self.state_dict(state, sharded)
             saved["rng"] = rngs
             if data_states is not None:
                 saved["data"] = data_states   # one per rank: each stream is its own shard
-            save_checkpoint(self.ckpt_dir, saved, state.step)
-        self.rt.barrier()  # nobody may read the checkpoint before it is complete
+            try:
+                save_checkpoint(self.ckpt_dir, saved, state.step, files=files)
+            except CheckpointError as exc:
+                error = str(exc)
+                if sharded is not None:  # its folder without the .pt that names it
+                    shutil.rmtree(self.ckpt_dir / sharded["dcp"], ignore_errors=True)
+        failed = [e for e in self.rt.all_gather_object(error) if e]
+        if failed:
+            raise CheckpointError(failed[0])
 
     def restore(self) -> tuple[TrainState, Path] | None:
         """Load the newest checkpoint into the parts; its state and path, or None.
@@ -357,7 +411,7 @@ class Checkpointer:
                 desynchronise them), or one saved at another world size (the data order
                 would differ).
         """
-        found = load_latest(self.ckpt_dir)
+        found = load_latest(self.ckpt_dir, report=self.rt.is_rank0)
         steps = self.rt.all_gather_object(None if found is None else found[0]["step"])
         if len(set(steps)) > 1:
             raise CheckpointError(

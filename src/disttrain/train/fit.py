@@ -29,7 +29,9 @@ def fit(task: TrainTask, spec: JobSpec | None = None, *, backend: str | None = N
         backend: override `spec.launch.backend` (auto: nccl when every local rank has a GPU).
 
     Returns:
-        This rank's summary (the dict rank 0 writes to summary.json), plus `rank`.
+        This rank's summary (the dict rank 0 writes to summary.json), plus `rank`. After
+        SIGTERM / SIGINT it holds `stopped` (the ranks stopped at one step with a
+        checkpoint): exit `disttrain.errors.EXIT_STOPPED` then (docs/resilience.md).
 
     Raises:
         TaskError: the task cannot be trained (a bad batch, a non-scalar loss, ...).

@@ -37,6 +37,7 @@ from disttrain.distributed.runtime import Runtime
 from disttrain.distributed.strategies import no_sync, unwrap
 from disttrain.distributed.sync_check import check_in_sync
 from disttrain.resilience import heartbeat
+from disttrain.resilience.preemption import GracefulStop, write_stop_record
 from disttrain.rundir import RunWriter, checkpoint_dir
 from disttrain.spec.job import TrainSpec
 from disttrain.train.batch import batch_size_of, to_device
@@ -46,7 +47,9 @@ from disttrain.train.iterable_loader import IterableLoader
 from disttrain.train.loader import SampledLoader
 from disttrain.train.precision import Precision
 from disttrain.train.run_info import RunInfo
+from disttrain.train.step_timing import KEYS, LiveStatus, StepTimer, StragglerWatch, rank_identity
 from disttrain.train.steps import run_step
+from disttrain.train.straggler import find_straggler
 from disttrain.train.task import TrainTask
 
 __all__ = ["TrainState", "Trainer"]
@@ -71,7 +74,14 @@ class Trainer:
     writer: RunWriter | None = None
     state: TrainState = field(default_factory=TrainState)
     comm: CommStats | None = None   # DDP comm hook's byte counter (builder registers it)
-    _records: list[tuple[int, int, torch.Tensor, float, float]] = field(default_factory=list)
+    stop: GracefulStop = field(default_factory=GracefulStop)  # SIGTERM / SIGINT (resilience/preemption.py)
+    timing: StepTimer = field(default_factory=StepTimer)   # step-time breakdown (train/step_timing.py)
+    # (epoch, step, loss, samples/s, lr, the interval's step-time means in step_timing.KEYS order)
+    _records: list[tuple[int, int, torch.Tensor, float, float, tuple[float, ...]]] = field(
+        default_factory=list)
+    _live: LiveStatus | None = None
+    _watch: StragglerWatch = field(default_factory=StragglerWatch)
+    _idents: list[dict[str, Any]] | None = None   # every rank's rank, host, device (first flush)
 
     # -- the loop -----------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -80,16 +90,21 @@ class Trainer:
         # Heartbeat for the launcher's stall watchdog: phases from hooks, beats below.
         heartbeat.start(self.rt.rank, self.rt.timeout_s, self.rt.store_address, self.model,
                         self.optimizer)
+        self.timing.attach(self.rt, self.comm)
+        self._live = LiveStatus(self.rt, self.info.run_dir)
+        self.stop.arm(self.rt)
         self.maybe_resume()
         samples_start = self.state.samples
         table = EpochTable(enabled=self.rt.is_rank0)
         table.header(self.info.as_dict())
         train_s, last_eval = 0.0, {}
-        while self.state.epoch < self.cfg.epochs and not self._done():
+        while self.state.epoch < self.cfg.epochs and not self._done() and not self.stop.agreed_signum:
             t0, samples0 = time.perf_counter(), self.state.samples
             train_loss, complete = self.train_epoch(table)
             dt = time.perf_counter() - t0
             train_s += dt
+            if self.stop.agreed_signum and not complete:  # stopped mid-epoch: no evaluation
+                break
             last_eval = self.evaluate()
             sps = (self.state.samples - samples0) * self.rt.world_size / max(dt, 1e-9)
             table.row(self.state.epoch, train_loss, last_eval.get("loss", float("nan")),
@@ -105,6 +120,8 @@ class Trainer:
             if every and (self.state.epoch % every == 0 or self.state.epoch == self.cfg.epochs):
                 self.save()
         run_sps = (self.state.samples - samples_start) * self.rt.world_size / train_s if train_s else 0.0
+        if self.stopped_by:  # the ranks agreed to stop at this step: one checkpoint to resume from
+            self.save()
         return self.finish(last_eval, run_sps, time.perf_counter() - t_start, table)
 
     def train_epoch(self, table: EpochTable) -> tuple[float, bool]:
@@ -123,7 +140,8 @@ class Trainer:
         batches = (zip(self.loader, (j + 1 == n_batches for j in itertools.count(st.batch_in_epoch)))
                    if sized else _with_lookahead(self.loader))
         complete = True
-        for batch, last in batches:
+        self.timing.start()
+        for batch, last in self.timing.timed(batches):
             heartbeat.beat(st.step)  # attribute writes only; a thread publishes (docs/resilience.md)
             i = st.batch_in_epoch
             # The last group of an epoch may be short: it still ends in an optimizer step.
@@ -139,7 +157,10 @@ class Trainer:
                 now = time.perf_counter()
                 sps = samples_log * self.rt.world_size / max(now - t_log, 1e-9)
                 t_log, samples_log = now, 0
-                self._records.append((st.epoch, st.step, loss, sps, self.current_lr))
+                timing = self.timing.interval()
+                self._records.append((st.epoch, st.step, loss, sps, self.current_lr, timing))
+                if self._live is not None:
+                    self._live.write(st.epoch, st.step, loss.item(), sps, timing)
                 epoch_losses.append(loss)
                 progress.update(st.batch_in_epoch)
                 if len(self._records) >= FLUSH_RECORDS:
@@ -147,6 +168,9 @@ class Trainer:
             if cfg.checkpoint_every_steps and st.step % cfg.checkpoint_every_steps == 0:
                 self.save()
             if self._done():
+                complete = last
+                break
+            if self.stop.agreed(st.step):  # a signal: all ranks leave after this same step
                 complete = last
                 break
         progress.close()
@@ -171,12 +195,15 @@ class Trainer:
         """Forward and backward of one micro-batch; gradients all-reduced only when `sync`.
         Returns the (detached) loss and the batch's sample count."""
         batch = to_device(batch, self.rt.device)
+        self.timing.compute_start()
         with no_sync(self.model, skip=not sync), self.precision.autocast():
             loss, _ = run_step(self.task, self.model, batch)
             self.precision.backward(loss * weight if weight != 1.0 else loss)
+        self.timing.compute_end()
         return loss.detach(), batch_size_of(batch)
 
     def optimizer_step(self) -> None:
+        self.timing.optimizer_start()
         self.precision.step(self.optimizer)
         # Under DDP the gradients are views into its buckets: zero them in place, which
         # keeps that memory. Elsewhere set_to_none: backward then writes the gradient
@@ -185,6 +212,7 @@ class Trainer:
         if self.comm is not None:
             self.comm.end_step()
         self.scheduler.step()
+        self.timing.optimizer_end()
         self.state.step += 1
         if self.state.step == 1:
             self.info.record_first_step(_since_launch())
@@ -214,6 +242,13 @@ class Trainer:
     def _done(self) -> bool:
         return self.cfg.max_steps is not None and self.state.step >= self.cfg.max_steps
 
+    @property
+    def stopped_by(self) -> int:
+        """The signal the ranks stopped for before the end of training (0: not stopped; a
+        signal agreed on at the very last step changes nothing, the run is complete)."""
+        finished = self.state.epoch >= self.cfg.epochs or self._done()
+        return 0 if finished else self.stop.agreed_signum
+
     def _global_mean(self, losses: list[torch.Tensor]) -> float:
         if not losses:
             return float("nan")
@@ -224,22 +259,38 @@ class Trainer:
         return t.item()
 
     def flush_records(self) -> None:
-        """Gather every rank's logged losses to rank 0 in one collective and write them."""
+        """Gather every rank's logged losses, samples/s and step-time means to rank 0 in one
+        collective and write them; rank 0 then looks for a straggler, interval by interval
+        (`train/straggler.py`), and says so once when one lasts."""
         if not self._records:
             return
-        local = torch.stack([r[2].float() for r in self._records])
+        if self._idents is None:  # once per run: who each rank is, for the verdict's message
+            self._idents = self.rt.all_gather_object(rank_identity(self.rt))
+        loss = torch.stack([r[2].float() for r in self._records]).reshape(-1, 1)
+        extra = torch.tensor([(r[3], *r[5]) for r in self._records], dtype=loss.dtype)
+        local = torch.cat([loss, extra.to(loss.device)], dim=1)   # [loss, sps, *KEYS] per record
         if self.rt.distributed and self.rt.world_size > 1:
             gathered = [torch.empty_like(local) for _ in range(self.rt.world_size)]
             dist.all_gather(gathered, local)
         else:
             gathered = [local]
         if self.writer:
+            per_rank = [g.tolist() for g in gathered]
             rows = []
-            for rank, losses in enumerate(gathered):
-                for (epoch, step, _, sps, lr), loss in zip(self._records, losses.tolist()):
+            for rank, values in enumerate(per_rank):
+                for (epoch, step, *_, lr, _), (loss_v, sps, *timing) in zip(self._records, values):
                     rows.append({"split": "train", "rank": rank, "epoch": epoch, "step": step,
-                                 "loss": loss, "lr": lr, "samples_per_s": round(sps, 1)})
+                                 "loss": loss_v, "lr": lr, "samples_per_s": round(sps, 1),
+                                 **{k: round(v, 3) for k, v in zip(KEYS, timing)}})
             self.writer.log(rows)
+            for j in range(len(self._records)):
+                entries = [{**self._idents[rank], **dict(zip(KEYS, values[j][2:]))}
+                           for rank, values in enumerate(per_rank)]
+                verdict = self._watch.window(entries)
+                if verdict is not None:
+                    self.rt.print0(verdict["message"])
+                    if self._live is not None:
+                        self._live.write_straggler(verdict)
         self._records.clear()
 
     # -- checkpoints (what is saved and how: train/checkpoint.py) ------------------
@@ -289,12 +340,36 @@ class Trainer:
             "params_sha256_per_rank": sync.digests, "wall_s": round(wall_s, 3),
             **({} if sync.in_sync else {"params_divergence": sync.as_dict()}),
             **(self.comm.summary() if self.comm is not None else {}),
+            **self._breakdown(samples_per_s),
         }
+        ckpt = checkpoint_dir(self.info.run_dir) / "last.pt"
+        if self.stopped_by:  # resumable: `disttrain run` reads the record (resilience/preemption.py)
+            summary["stopped"] = {"signal": self.stopped_by, "checkpoint": str(ckpt)}
         if self.writer:
             self.writer.finish(summary)
+            if self.stopped_by:
+                write_stop_record(self.info.run_dir, self.stopped_by, self.state.step,
+                                  self.state.epoch, ckpt)
         table.footer(summary)
+        if summary["straggler"]:
+            self.rt.print0(summary["straggler"]["message"])
+        if self._live is not None:
+            self._live.done()
         heartbeat.stop()  # training is over: what the process does next is not watched
+        self.stop.disarm()
         return summary
+
+
+    def _breakdown(self, samples_per_s: float) -> dict[str, Any]:
+        """summary.json's `ranks` (each rank's whole-run step-time means, one gather) and
+        `straggler` (train/straggler.py), also in live/straggler.json when there is one."""
+        mine = {**rank_identity(self.rt), "samples_per_s": round(samples_per_s, 1),
+                **self.timing.run_means()}
+        ranks = self.rt.all_gather_object(mine)
+        verdict = find_straggler(ranks, self._watch.threshold)
+        if verdict is not None and self._live is not None and self.rt.is_rank0:
+            self._live.write_straggler(verdict)
+        return {"ranks": ranks, "straggler": verdict}
 
 
 def _since_launch() -> float | None:

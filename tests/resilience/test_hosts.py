@@ -1,0 +1,154 @@
+"""Whole hosts lost and partitioned, on 2 emulated hosts of `disttrain k8s run-local`.
+
+Each test starts a 2-pod Indexed Job (one rank per pod, gloo) in network namespaces, waits
+for a checkpoint, then does to one host what a cluster does (docs/resilience.md, "Hosts
+lost and partitions"): SIGKILL every process of its namespace (`netns.lose_host`), or set
+its switch port down (`netns.set_link`). Needs root and `ip netns`; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from disttrain.k8s import netns as hostnet
+from tests.conftest import DISTTRAIN, run_cli
+
+
+def _can_netns() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "needs iproute2 `ip` and util-linux `unshare`"
+    done = subprocess.run(["ip", "netns", "list"], capture_output=True, check=False)
+    return None if done.returncode == 0 else "`ip netns` does not work here"
+
+
+NETNS_SKIP = _can_netns()
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300),
+              pytest.mark.skipif(NETNS_SKIP is not None, reason=NETNS_SKIP or ""),
+              pytest.mark.usefixtures("no_stray_workers")]
+
+TIMEOUT_S = 15
+# 1 epoch of digits on 2 ranks: 23 optimizer steps, checkpoints every 5
+JOB = ("--backend", "gloo", "--epochs", "1", "--checkpoint-every-steps", "5",
+       "--timeout-s", str(TIMEOUT_S))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """params_sha256 of the same job never disturbed (2 local ranks: the same numbers)."""
+    cwd = tmp_path_factory.mktemp("reference")
+    res = run_cli("run", *JOB, "--nproc-per-node", "2", "--master-port", "0", "--run-dir", "ref",
+                  cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads((cwd / "ref" / "summary.json").read_text())["params_sha256"]
+
+
+class _Job:
+    """`disttrain k8s run-local` of the 2-pod Job, in the background."""
+
+    def __init__(self, cwd: Path, *extra: str) -> None:
+        self.run_dir = cwd / "run"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("DISTTRAIN_T0", None)
+        self.proc = subprocess.Popen(
+            [*DISTTRAIN, "k8s", "run-local", "--kind", "job", "--nnodes", "2", "--nproc-per-node", "1",
+             *JOB, *extra,
+             "--run-dir", str(self.run_dir), "--timeout", "240"],
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.tag = f"dt{self.proc.pid}"
+
+    def wait_for_checkpoint(self, step: int) -> None:
+        ckpt = self.run_dir / "checkpoints" / f"ckpt-{step:08d}.pt"
+        deadline = time.monotonic() + 180
+        while not ckpt.exists():
+            assert self.proc.poll() is None, self.finish()[1][-3000:]
+            assert time.monotonic() < deadline, f"no {ckpt.name} within 180 s"
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 200) -> tuple[str, str]:
+        try:
+            return self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.terminate()  # run-local removes its namespaces on SIGTERM
+                self.proc.communicate(timeout=60)
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def leftovers(self) -> list[str]:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                               check=False).stdout.split()
+        return [n for n in names if n.startswith(f"{self.tag}-")]
+
+
+def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
+                                                                 reference: str) -> None:
+    job = _Job(tmp_path, "--max-restarts", "1")
+    job.wait_for_checkpoint(10)
+    assert hostnet.lose_host(f"{job.tag}-1"), "no process in host 1's namespace"
+    out, err = job.finish()
+    assert job.proc.returncode == 0, (out + err)[-4000:]
+    assert "[run-local] host disttrain-1 lost with rank 1" in out and "re-creating it" in out
+    assert "resumed from" in out and "ckpt-00000010.pt" in out
+    summary = job.summary()
+    assert summary["steps"] == 23 and summary["params_in_sync"] is True
+    assert summary["params_sha256"] == reference, "not bitwise equal to the undisturbed run"
+    ranks = json.loads((job.run_dir / "ranks.json").read_text())
+    assert ranks["restart"] == 1 and {r["host"] for r in ranks["ranks"]} == {
+        "disttrain-0", "disttrain-1"}
+    assert job.leftovers() == []
+
+
+def test_a_lost_host_without_restarts_ends_the_job_naming_it(tmp_path: Path) -> None:
+    job = _Job(tmp_path)
+    job.wait_for_checkpoint(10)
+    lost_at = time.monotonic()
+    hostnet.lose_host(f"{job.tag}-1")
+    _, err = job.finish()
+    took = time.monotonic() - lost_at
+    assert job.proc.returncode != 0
+    assert "error: host disttrain-1 lost with rank 1: pod disttrain-1 was killed by SIGKILL" in err
+    print(f"\nhost lost -> run-local exit: {took:.1f} s (timeout {TIMEOUT_S} s)")
+    assert took < TIMEOUT_S + 30, err[-3000:]
+    assert job.leftovers() == []
+
+
+def test_a_partition_ends_the_job_naming_the_unreachable_host(tmp_path: Path) -> None:
+    job = _Job(tmp_path)
+    job.wait_for_checkpoint(10)
+    down_at = time.monotonic()
+    hostnet.set_link(job.tag, 1, up=False)  # and never up again
+    out, err = job.finish()
+    took = time.monotonic() - down_at
+    assert job.proc.returncode != 0
+    print(f"\nlink down -> run-local exit: {took:.1f} s (timeout {TIMEOUT_S} s)")
+    assert took < TIMEOUT_S + 30, err[-3000:]
+    assert "nothing arrives from host disttrain-1: it is unreachable" in out, out[-3000:]
+    assert "host disttrain-1 unreachable" in err
+    (tmp_path / "captured.log").write_text(out)
+    doctor = run_cli("doctor", "logs", "--json", "captured.log", cwd=tmp_path)
+    found = json.loads(doctor.stdout)
+    assert found["cause"] in ("collective_timeout", "rendezvous_failure"), doctor.stdout
+    assert found["host"] == "disttrain-1" and found["rank"] == 1, doctor.stdout
+    assert job.leftovers() == []
+
+
+def test_a_two_second_blip_costs_nothing(tmp_path: Path, reference: str) -> None:
+    job = _Job(tmp_path)  # no restarts: any failure would fail the job
+    job.wait_for_checkpoint(5)
+    hostnet.set_link(job.tag, 1, up=False)
+    time.sleep(2)
+    hostnet.set_link(job.tag, 1, up=True)
+    out, err = job.finish()
+    assert job.proc.returncode == 0, (out + err)[-4000:]
+    assert job.summary()["params_sha256"] == reference
+    assert job.leftovers() == []

@@ -1,0 +1,87 @@
+"""Which process is which: live workers' titles and RUN_DIR/ranks.json (docs/resilience.md).
+
+Rank 1 SIGSTOPs itself at step 6 (the test-only fault hook), which holds both workers
+alive long enough to read their /proc entries; the watchdog then kills it and torchrun
+restarts the round, which must rewrite ranks.json with the new pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from disttrain.resilience import proctitle
+from tests.conftest import DISTTRAIN
+
+pytestmark = [pytest.mark.usefixtures("no_stray_workers")]
+
+
+def test_titles_fit_the_kernels_name() -> None:
+    assert proctitle.rank_title(3, 8, "mnist") == "disttrain rank 3/8 job mnist"
+    assert len(proctitle.short_title(127, 256).encode()) <= proctitle.COMM_LIMIT
+
+
+def _wait_for(pred, timeout_s: float, what: str, proc: subprocess.Popen):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        assert proc.poll() is None, f"the job ended ({proc.returncode}) before {what}"
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout_s} s")
+
+
+def _ranks(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_live_workers_are_titled_and_ranks_json_follows_restarts(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DISTTRAIN_FAULT": "stop:rank=1:step=6"}
+    env.pop("DISTTRAIN_T0", None)
+    proc = subprocess.Popen(
+        [*DISTTRAIN, "run", "--name", "titled", "--nproc-per-node", "2", "--epochs", "1",
+         "--max-steps", "10", "--checkpoint-every-steps", "5", "--max-restarts", "1",
+         "--timeout-s", "8", "--master-port", "0", "--run-dir", "run"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks_json = tmp_path / "run" / "ranks.json"
+    try:
+        first = _wait_for(lambda: _ranks(ranks_json), 180, "ranks.json", proc)
+        assert first["job"] == "titled" and first["world_size"] == 2 and first["restart"] == 0
+        by_rank = {r["rank"]: r for r in first["ranks"]}
+        assert sorted(by_rank) == [0, 1]
+        # rank 1 stops itself at step 6: both are alive (rank 0 waits in a collective)
+        _wait_for(lambda: psutil.Process(by_rank[1]["pid"]).status() == psutil.STATUS_STOPPED,
+                  120, "rank 1 stopped", proc)
+        for rank, rec in by_rank.items():
+            pid = rec["pid"]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+            assert cmdline.decode() == f"disttrain rank {rank}/2 job titled"
+            assert Path(f"/proc/{pid}/comm").read_text().strip() == f"dt rank {rank}/2"
+            args = subprocess.run(["ps", "-o", "args=", "-p", str(pid)], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+            assert args == f"disttrain rank {rank}/2 job titled"
+            assert rec["host"] and rec["local_rank"] == rank and rec["node_rank"] == 0
+            assert rec["device"] == "cpu"
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, out[-3000:]
+    second = json.loads(ranks_json.read_text())
+    assert second["restart"] == 1, "the restarted round must rewrite ranks.json"
+    new = {r["rank"]: r["pid"] for r in second["ranks"]}
+    assert sorted(new) == [0, 1] and set(new.values()).isdisjoint(
+        r["pid"] for r in first["ranks"])

@@ -1,0 +1,147 @@
+"""The straggler verdict (`train/straggler.py`), the live window rule, the step timer's
+arithmetic, and the slowdown faults' syntax: one process, no process group."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from disttrain.resilience.faults import Fault
+from disttrain.train.step_timing import KEYS, StepTimer, StragglerWatch
+from disttrain.train.straggler import find_straggler
+
+
+def _rank(rank: int, data: float = 0.2, compute: float = 10.0, comm: float = 1.0,
+          opt: float = 2.0, other: float = 0.3, **extra: object) -> dict[str, object]:
+    step = data + compute + comm + opt + other
+    return {"rank": rank, "host": f"job-{rank}", "device": "cuda:0", "samples_per_s": 100.0,
+            "step_ms": step, "data_ms": data, "compute_ms": compute, "comm_wait_ms": comm,
+            "optimizer_ms": opt, "other_ms": other, **extra}
+
+
+def test_slow_compute_rank_is_named_with_its_factor_and_the_others_wait():
+    ranks = [_rank(0, comm=19.0), _rank(1, compute=28.0, comm=1.0), _rank(2, comm=18.0),
+             _rank(3, comm=18.5)]
+    v = find_straggler(ranks)
+    assert v is not None
+    assert (v["rank"], v["host"], v["device"], v["cause"]) == (1, "job-1", "cuda:0", "compute")
+    assert v["factor"] == 2.8
+    assert v["message"].startswith("rank 1 (host job-1, cuda:0) is the straggler: it computes 2.8x longer")
+    assert "wait for it in the all-reduce" in v["message"]
+
+
+def test_two_ranks_factor_is_against_the_other_rank_not_the_mean():
+    v = find_straggler([_rank(0, comm=20.0), _rank(1, compute=30.0)])
+    assert v is not None and v["rank"] == 1 and v["factor"] == 3.0
+
+
+def test_slow_data_rank_is_named_for_data_and_the_hami_limit_is_in_the_message():
+    ranks = [_rank(0, comm=9.0), _rank(1, data=9.0, limit="HAMi CUDA_DEVICE_SM_LIMIT=30%"),
+             _rank(2, comm=9.0)]
+    v = find_straggler(ranks)
+    assert v is not None and (v["rank"], v["cause"]) == (1, "data")
+    assert "HAMi CUDA_DEVICE_SM_LIMIT=30%" in v["message"] and "data" in v["message"]
+
+
+def test_a_rank_that_waits_longer_while_computing_as_fast_is_named_for_communication():
+    ranks = [_rank(0, comm=1.0), _rank(1, comm=9.0), _rank(2, comm=1.2)]
+    v = find_straggler(ranks)
+    assert v is not None and (v["rank"], v["cause"]) == (1, "communication")
+
+
+def test_the_fast_ranks_waiting_for_a_mild_straggler_are_not_named_for_communication():
+    # rank 1 computes 1.4x (under the threshold): rank 0 waits for it, but is not the culprit
+    assert find_straggler([_rank(0, compute=10.0, comm=5.0), _rank(1, compute=14.0, comm=1.0)]) is None
+
+
+def test_uniform_ranks_small_differences_and_a_single_rank_name_nobody():
+    assert find_straggler([_rank(r) for r in range(4)]) is None
+    assert find_straggler([_rank(0)]) is None
+    assert find_straggler([]) is None
+    # 3x, but 0.2 ms of a 14 ms step: noise
+    assert find_straggler([_rank(0, data=0.1), _rank(1, data=0.3)]) is None
+
+
+_ms = st.floats(min_value=0.0, max_value=1000.0, allow_nan=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(base=st.lists(st.tuples(_ms, _ms, _ms), min_size=2, max_size=8),
+       spread=st.lists(st.floats(min_value=1.0, max_value=1.5), min_size=24, max_size=24))
+def test_never_names_a_rank_when_all_are_within_the_threshold(base, spread):
+    # Every rank's data, compute and comm wait within 1.5x of every other rank's.
+    d, c, w = base[0]
+    ranks = [_rank(i, data=d * spread[3 * i % 24], compute=c * spread[(3 * i + 1) % 24],
+                   comm=w * spread[(3 * i + 2) % 24]) for i in range(len(base))]
+    assert find_straggler(ranks, threshold=1.5) is None
+
+
+def test_live_verdict_needs_three_consecutive_windows_and_is_made_once():
+    slow = [_rank(0, comm=20.0), _rank(1, compute=30.0)]
+    calm = [_rank(0), _rank(1)]
+    watch = StragglerWatch()
+    assert watch.window(slow) is None          # one or two slow intervals: noise
+    assert watch.window(slow) is None
+    assert watch.window(calm) is None
+    assert watch.window(slow) is None
+    assert watch.window(slow) is None
+    v = watch.window(slow)                     # the third in a row: the verdict
+    assert v is not None and v["rank"] == 1
+    assert watch.window(slow) is None          # said once
+    assert watch.verdict == v
+
+
+def test_step_timer_phases_add_up_to_the_step():
+    timer = StepTimer()
+    timer.start()
+    for _ in timer.timed(range(3)):
+        time.sleep(0.004)                      # the batch's copy to the device: data
+        timer.compute_start()
+        time.sleep(0.003)
+        timer.bucket_ready()
+        time.sleep(0.002)
+        timer.compute_end()
+        timer.optimizer_start()
+        time.sleep(0.001)
+        timer.optimizer_end()
+    means = dict(zip(KEYS, timer.interval()))
+    parts = sum(means[k] for k in KEYS[1:])
+    assert means["step_ms"] == pytest.approx(parts, abs=0.01)
+    assert means["data_ms"] >= 4.0 and means["compute_ms"] >= 3.0
+    assert means["comm_wait_ms"] >= 2.0 and means["optimizer_ms"] >= 1.0
+    assert timer.interval() == (0.0,) * len(KEYS)   # the next interval starts empty
+    assert timer.run_means()["compute_ms"] == means["compute_ms"]   # one interval: the run
+
+
+def test_slowdown_faults_parse_and_failures_still_need_a_step():
+    assert Fault.parse("slow-compute:rank=1:factor=3") == Fault("slow-compute", 1, 0, factor=3.0)
+    f = Fault.parse("slow-data:rank=0:ms=20:step=5")
+    assert (f.action, f.rank, f.step, f.ms, f.slowdown) == ("slow-data", 0, 5, 20.0, True)
+    assert not Fault.parse("kill:rank=1:step=3").slowdown
+    for bad in ("slow-data:rank=0", "slow-compute:rank=1:ms=3", "slow-compute:rank=1:factor=0.5",
+                "slow-compute:rank=1:factor=3:phase=forward", "kill:rank=1"):
+        with pytest.raises(ValueError, match="expected ACTION"):
+            Fault.parse(bad)
+
+
+def test_live_files_never_stop_training_when_the_run_dir_cannot_be_written(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    import torch
+
+    from disttrain.train.step_timing import LiveStatus
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    rt = SimpleNamespace(rank=0, world_size=1, is_rank0=True, device=torch.device("cpu"))
+    live = LiveStatus(rt, blocked)  # type: ignore[arg-type]
+    live.write(0, 5, 1.0, 10.0, (1.0,) * len(KEYS))
+    live.done()
+    assert not live.enabled and blocked.read_text() == "not a folder"
+    assert capsys.readouterr().err.count("live status files off") == 1
+    ok = LiveStatus(rt, tmp_path / "run")  # type: ignore[arg-type]
+    ok.write(0, 5, 1.0, 10.0, (1.0,) * len(KEYS))
+    assert (tmp_path / "run" / "live" / "rank-0.json").exists()
