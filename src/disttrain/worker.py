@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from disttrain import envvars
 from disttrain.distributed.torch_compat import check_torch, running_torch
 from disttrain.errors import EXIT_STOPPED, CheckpointError, SpecError
 from disttrain.spec.job import JobSpec
@@ -65,17 +64,13 @@ def _rank0_watchdog(timeout_s: float) -> Iterator[None]:
     runs, and rank 1 watches rank 0 for the one case rank 0 cannot cover: its own
     process stopped (`watchdog.in_job_watchdog`)."""
     from disttrain.distributed import runtime
-    from disttrain.resilience.watchdog import in_job_watchdog
+    from disttrain.resilience.watchdog import unless_watched
 
     try:
         env = runtime.read_env()
     except runtime.DistEnvError:
         env = None  # runtime.setup reports it, naming the variable
-    if envvars.flag(envvars.WATCHDOG) or env is None or env.rank > 1 or env.world_size < 2:
-        yield
-        return
-    with in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s,
-                         watcher_rank=env.rank):
+    with unless_watched(env, timeout_s):
         yield
 
 

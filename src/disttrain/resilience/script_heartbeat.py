@@ -35,11 +35,10 @@ import importlib.machinery
 import os
 import runpy
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from types import ModuleType, TracebackType
 from typing import Any
 
-from disttrain import envvars
 from disttrain.resilience import heartbeat
 
 MODULE = "disttrain.resilience.script_heartbeat"  # = launch.argv.SCRIPT_ENTRY
@@ -146,19 +145,6 @@ def _store(env: Any) -> tuple[str, int] | None:
     return None
 
 
-@contextlib.contextmanager
-def _in_job_watchdog(env: Any, timeout_s: float) -> Iterator[None]:
-    """Rank 0 (and rank 1, for rank 0) watch when no disttrain launcher does (a pod)."""
-    if envvars.flag(envvars.WATCHDOG) or env is None or env.rank > 1 or env.world_size < 2:
-        yield
-        return
-    from disttrain.resilience.watchdog import in_job_watchdog
-
-    with in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s,
-                         watcher_rank=env.rank):
-        yield
-
-
 def _script_traceback(exc: BaseException, script: str) -> TracebackType | None:
     """The exception's traceback from the script's first frame: what `python script.py`
     shows, without this entry's and runpy's frames."""
@@ -173,6 +159,7 @@ def run_script(script: str, args: Sequence[str], timeout_s: float) -> int:
     heartbeat; returns the exit status (SystemExit passes through unchanged)."""
     from disttrain.distributed.env import read_env
     from disttrain.errors import DistEnvError
+    from disttrain.resilience.watchdog import unless_watched
 
     try:
         env = read_env()
@@ -190,7 +177,7 @@ def run_script(script: str, args: Sequence[str], timeout_s: float) -> int:
     sys.argv = [path, *args]
     sys.path[0] = os.path.dirname(path)
     try:
-        with _in_job_watchdog(env, timeout_s):
+        with unless_watched(env, timeout_s):  # a pod: ranks 0 and 1 watch
             runpy.run_path(path, run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
         raise

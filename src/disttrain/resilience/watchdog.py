@@ -42,7 +42,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,6 +300,24 @@ def stall_line(stall: Stall, ends_job: bool = False, exiting_rank: int = 0) -> s
     if ends_job:
         action += f"; ending the job (rank {exiting_rank} exits with code {STALL_EXIT_CODE})"
     return f"error: {stall.message}{action}"
+
+
+@contextlib.contextmanager
+def unless_watched(env: Any, timeout_s: float) -> Iterator[None]:
+    """`in_job_watchdog` on ranks 0 and 1 of a multi-rank job that no disttrain launcher
+    watches (plain torchrun: a pod); nothing where `disttrain run` sets `envvars.WATCHDOG`,
+    on other ranks, alone, or without a readable environment (`env` None).
+
+    Args:
+        env: the rank's `disttrain.distributed.env.DistEnv` (rank, world size, master).
+        timeout_s: the stall timeout.
+    """
+    if envvars.flag(envvars.WATCHDOG) or env is None or env.rank > 1 or env.world_size < 2:
+        yield
+        return
+    with in_job_watchdog(env.master_addr, env.master_port, env.world_size, timeout_s,
+                         watcher_rank=env.rank):
+        yield
 
 
 def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float,
