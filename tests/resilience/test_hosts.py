@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -98,7 +99,9 @@ def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
     out, err = job.finish()
     assert job.proc.returncode == 0, (out + err)[-4000:]
     assert "[run-local] host disttrain-1 lost with rank 1" in out and "re-creating it" in out
-    assert "resumed from" in out and "ckpt-00000010.pt" in out
+    # the host dies once checkpoint 10 exists; the job may have saved a later one by then
+    resumed = re.search(r"resumed from \S*ckpt-(\d+)\.pt", out)
+    assert resumed and int(resumed.group(1)) >= 10, out[-3000:]
     summary = job.summary()
     assert summary["steps"] == 23 and summary["params_in_sync"] is True
     assert summary["params_sha256"] == reference, "not bitwise equal to the undisturbed run"
