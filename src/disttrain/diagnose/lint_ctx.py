@@ -42,6 +42,34 @@ _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _INITS = ("init_process_group", "init_device_mesh")   # what creates the process group
 
 
+
+def import_aliases(nodes: list[ast.AST] | Iterator[ast.AST]) -> dict[str, str]:
+    """Local name -> the dotted path it stands for, from the absolute imports among `nodes`
+    (`import torch.multiprocessing as mp` -> mp: torch.multiprocessing; `import os.path` -> os)."""
+    aliases: dict[str, str] = {}
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name.split(".")[0]
+                aliases[a.asname or top] = a.name if a.asname else top
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+def dotted_name(expr: ast.AST, aliases: dict[str, str]) -> str | None:
+    """`mp.spawn` -> `torch.multiprocessing.spawn` through `aliases`; None when `expr` is
+    not a Name/Attribute chain."""
+    parts: list[str] = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name):
+        return None
+    parts.append(aliases.get(expr.id, expr.id))
+    return ".".join(reversed(parts))
+
 class ScriptInfo:
     """Facts about one parsed script, shared by all lint rules."""
 
@@ -53,7 +81,7 @@ class ScriptInfo:
         for node in self.nodes:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
-        self.aliases = self._imports()
+        self.aliases = import_aliases(self.nodes)
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.calls: list[ast.Call] = []
         self.assignments: dict[str, list[ast.AST]] = {}   # name -> Assign/AugAssign/AnnAssign
@@ -79,31 +107,9 @@ class ScriptInfo:
         self._reach_cache: dict[tuple[int, tuple[str, ...]], bool] = {}
 
     # -- names ---------------------------------------------------------------------------
-    def _imports(self) -> dict[str, str]:
-        aliases: dict[str, str] = {}
-        for node in self.nodes:
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.asname:
-                        aliases[a.asname] = a.name
-                    else:
-                        top = a.name.split(".")[0]
-                        aliases[top] = top
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for a in node.names:
-                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-        return aliases
-
     def qualname(self, expr: ast.AST) -> str | None:
         """Dotted name of a Name/Attribute chain with import aliases resolved."""
-        parts: list[str] = []
-        while isinstance(expr, ast.Attribute):
-            parts.append(expr.attr)
-            expr = expr.value
-        if not isinstance(expr, ast.Name):
-            return None
-        parts.append(self.aliases.get(expr.id, expr.id))
-        return ".".join(reversed(parts))
+        return dotted_name(expr, self.aliases)
 
     def call_name(self, call: ast.Call) -> str:
         """Qualified name of the called function, '' when not a plain name chain."""

@@ -22,6 +22,8 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+from disttrain.diagnose.lint_ctx import dotted_name, import_aliases
+
 # module paths whose attribute calls start workers, after aliases are resolved
 _SPAWNERS = {"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
              "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.spawn.start_processes"}
@@ -47,35 +49,10 @@ def own_workers(script: str | Path) -> list[OwnWorkers]:
             tree = ast.parse(f.read(), filename=str(script))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return []
-    aliases = _aliases(tree)
+    aliases = import_aliases(ast.walk(tree))
     found: list[OwnWorkers] = []
     _visit(tree, aliases, guarded=False, found=found)
     return found
-
-
-def _aliases(tree: ast.AST) -> dict[str, str]:
-    """Local name -> the dotted path it stands for, from the module's imports."""
-    names: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                names[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                names[a.asname or a.name] = f"{node.module}.{a.name}"
-    return names
-
-
-def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
-    """`mp.spawn` -> `torch.multiprocessing.spawn` (through the aliases), else None."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    head = aliases.get(node.id, node.id)
-    return ".".join([head, *reversed(parts)])
 
 
 def _tests_launcher(test: ast.AST) -> bool:
@@ -92,7 +69,7 @@ def _visit(node: ast.AST, aliases: dict[str, str], guarded: bool,
     if isinstance(node, ast.If | ast.IfExp) and _tests_launcher(node.test):
         guarded = True
     if isinstance(node, ast.Call) and not guarded:
-        path = _dotted(node.func, aliases)
+        path = dotted_name(node.func, aliases)
         starts = path in _SPAWNERS or (
             path in _PROCESS and any(k.arg == "target" for k in node.keywords))
         if starts:

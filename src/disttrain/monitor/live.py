@@ -23,7 +23,6 @@ from disttrain.errors import RunDirError
 from disttrain.rundir import JOB_YAML, LIVE, SUMMARY
 from disttrain.spec.paths import file_problem, is_directory, shown
 
-LIVE_DIR = LIVE
 STRAGGLER_JSON = "straggler.json"
 SKEW_S = 2.0   # how far a shared volume's clock may be behind this machine's
 # The step-time breakdown, in the order the bars stack (data + compute + comm + optimizer + other = step).
@@ -116,7 +115,7 @@ def read_live(run_dir: Path, now: float | None = None) -> LiveRun:
     in the same folder, and `top` started beside a new run must not end on them.
     """
     run_dir = Path(run_dir)
-    live = run_dir / LIVE_DIR
+    live = run_dir / LIVE
     texts = [_read(p) for p in sorted(live.glob("rank-*.json"))] if is_directory(live) else []
     started = _mtime(run_dir / JOB_YAML)
     since = started - SKEW_S if started is not None else None

@@ -23,8 +23,8 @@ import yaml
 from disttrain.errors import KubeError
 from disttrain.k8s.code import SPEC_KEY
 from disttrain.k8s.labels import LABEL_JOB
-from disttrain.monitor.live import LIVE_DIR, LiveRun, parse_live
-from disttrain.rundir import SUMMARY
+from disttrain.monitor.live import LiveRun, parse_live
+from disttrain.rundir import LIVE, SUMMARY
 
 MARK = "==> "   # starts the line before each file's text in the exec's output
 ENDED = ("Succeeded", "Failed")
@@ -33,7 +33,7 @@ ENDED = ("Succeeded", "Failed")
 def read_files_command(run_dir: str) -> list[str]:
     """The command run in a pod: each file under a `==> name` line (a missing one: nothing)."""
     script = (f'cd {shlex.quote(run_dir)} 2>/dev/null || exit 0; '
-              f'for f in {LIVE_DIR}/*.json {SUMMARY}; do [ -f "$f" ] && '
+              f'for f in {LIVE}/*.json {SUMMARY}; do [ -f "$f" ] && '
               f'{{ printf "\\n{MARK}%s\\n" "$f"; cat "$f"; }}; done; exit 0')
     return ["sh", "-c", script]
 

@@ -58,7 +58,6 @@ __all__ = ["KEYS", "LiveStatus", "StepTimer", "StragglerWatch", "rank_identity"]
 # The columns of metrics.jsonl's train rows, live/rank-<R>.json and summary.json's `ranks`.
 KEYS = ("step_ms", "data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms")
 _DATA, _COMPUTE, _COMM, _OPT = range(4)
-LIVE_DIR = LIVE
 WINDOWS = 3   # the live verdict: the same rank, for the same cause, in this many consecutive intervals
 
 
@@ -264,7 +263,7 @@ class LiveStatus:
     def __init__(self, rt: Runtime, run_dir: Path) -> None:
         self.rank, self.world_size = rt.rank, rt.world_size
         self.ident = rank_identity(rt)
-        self.dir = Path(run_dir) / LIVE_DIR
+        self.dir = Path(run_dir) / LIVE
         self.path = self.dir / f"rank-{rt.rank}.json"
         self._last: dict[str, Any] = {}
         self.enabled = True
