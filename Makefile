@@ -13,10 +13,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 # hf: transformers, so that tests/train/test_hf_task.py (a model from another library as a
 # TrainTask) runs rather than skips; ~13 s and ~170 MB on top of the test tools
+# peft: so that tests/recipes/ (the causal-LM recipe's LoRA runs) run rather than skip;
+# ~3 s and ~15 MB more (peft + accelerate)
 # tensorboard: so that tests/monitor/test_tensorboard.py reads event files back rather than
 # skips; ~7 s and ~58 MB more
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) -e '.[test,hf,tensorboard]'
+	$(PIP) -e '.[test,hf,peft,tensorboard]'
 	touch $@
 
 install: $(VENV)/.installed

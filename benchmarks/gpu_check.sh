@@ -37,3 +37,6 @@ timeout 200 python3 -m disttrain.cli.main bench overhead --example chargpt --rou
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/train/test_step_timing.py -k cuda 2>&1 | tail -3
 python3 -c "import json, sys; s = json.load(open(sys.argv[1])); [print(r) for r in s['ranks']]; \
 print('straggler:', s['straggler'])" "$OUT/chargpt-bf16/summary.json"
+# 6. the memory plan's slice constants (docs/memory.md): CUDA context, NCCL buffers, and
+#    reserved / allocated of two real steps against the plan of the same job
+timeout 300 python3 benchmarks/gpu_memory_check.py --out "$OUT" 2>&1 | tail -40

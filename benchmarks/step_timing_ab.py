@@ -33,8 +33,7 @@ class NoTimer:
     def compute_end(self) -> None: ...
     def optimizer_start(self) -> None: ...
     def optimizer_end(self) -> None: ...
-    def interval(self) -> tuple[float, ...]:
-        return (0.0,) * 6
+    def interval(self) -> None: ...
 
 
 def _bench(run_dir: str, pairs: int) -> dict[str, list[float]]:
@@ -44,8 +43,9 @@ def _bench(run_dir: str, pairs: int) -> dict[str, list[float]]:
     from disttrain.train.build import build_trainer
     from disttrain.train.step_timing import StepTimer
 
-    spec = JobSpec.from_dict({}, {"example": "synthetic", "batch_size": 64, "epochs": 1000,
-                                  "checkpoint_every_epochs": 0, "run_dir": run_dir})
+    spec = JobSpec.from_dict({"task": "disttrain.examples.synthetic:make_task"},
+                             {"batch_size": 64, "epochs": 1000,
+                              "checkpoint_every_epochs": 0, "run_dir": run_dir})
     with setup_for_test() as rt:
         trainer = build_trainer(spec, rt)
         on, off = StepTimer(), NoTimer()
@@ -62,17 +62,18 @@ def _bench(run_dir: str, pairs: int) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {"on": [], "off": []}
         for pair in range(pairs + 1):   # pair 0 warms up
             for mode in (("on", "off") if pair % 2 else ("off", "on")):
-                trainer.timing = on if mode == "on" else off  # type: ignore[assignment]
+                trainer.telemetry.timer = on if mode == "on" else off  # type: ignore[assignment]
                 if trainer.comm is not None:
                     trainer.comm.on_last_bucket = hook if mode == "on" else None
                 dist.barrier()
                 t0 = time.perf_counter()
-                trainer.timing.start()
-                for i, batch in zip(range(BLOCK), trainer.timing.timed(src)):
+                timer = trainer.telemetry.timer
+                timer.start()
+                for i, batch in zip(range(BLOCK), timer.timed(src)):
                     trainer.train_step(batch, 1.0, sync=True)
                     trainer.optimizer_step()
                     if (i + 1) % 10 == 0:
-                        trainer.timing.interval()
+                        timer.interval()
                 if pair:
                     out[mode].append((time.perf_counter() - t0) / BLOCK * 1000)
         return out

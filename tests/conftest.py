@@ -53,6 +53,30 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict
                           timeout=timeout, env=full_env)
 
 
+# The default digits job on 2 local ranks, checkpoints every 10 steps: 2 epochs = 46 optimizer
+# steps, checkpoints at 10, 20, 23 (epoch end), 30, 40, 46 (the newest two kept). The files that
+# prove exact resume after a fault compare with ONE undisturbed run of it (`digits_reference`),
+# always of this same topology (1 host x 2 processes, the same threads): CPUs round other
+# topologies differently (issue 21).
+DIGITS_JOB = ("run", "--nproc-per-node", "2", "--checkpoint-every-steps", "10", "--master-port", "0")
+REFERENCE_JOB = (*DIGITS_JOB, "--epochs", "2")
+REFERENCE_STEPS = 46
+
+
+@pytest.fixture(scope="session")
+def digits_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run dir of REFERENCE_JOB that nothing disturbed, made once per session.
+    Read it (summary.json's params_sha256, its checkpoints); copy it before changing anything."""
+    import json
+
+    cwd = tmp_path_factory.mktemp("digits-reference")
+    res = run_cli(*REFERENCE_JOB, "--run-dir", "ref", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((cwd / "ref" / "summary.json").read_text())
+    assert summary["steps"] == REFERENCE_STEPS and summary["params_in_sync"] is True
+    return cwd / "ref"
+
+
 @pytest.fixture
 def no_stray_workers(tmp_path):
     """Kill whatever a failed test left running in its folder (a SIGSTOPped worker

@@ -213,3 +213,40 @@ def test_no_module_over_500_lines() -> None:
     long = {m: n for m, p in _modules().items()
             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
+
+
+# Imports that run up the layers (issue 21): the loop knows tasks, not the built-in examples;
+# starting ranks and the loop never need the diagnosis tools (a lint engine, doctor's rules).
+FORBIDDEN = {
+    "disttrain.train": ("disttrain.examples", "disttrain.diagnose"),
+    "disttrain.launch": ("disttrain.diagnose",),
+}
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    return [f"{m} (line {line}) imports {t}" for m, edges in sorted(graph.items())
+            for t, line in edges.items()
+            for package, banned in FORBIDDEN.items()
+            if _within(m, package) and any(_within(t, b) for b in banned)]
+
+
+def test_the_import_direction_rule_catches_an_upward_import() -> None:
+    """The rule below finds an edge of each forbidden kind, and not an allowed one."""
+    graph = {"disttrain.train.build": {"disttrain.examples.workload": 76},
+             "disttrain.launch.own_workers": {"disttrain.diagnose.lint_ctx": 25},
+             "disttrain.train.trainer": {"disttrain.diagnose.system": 3, "disttrain.pysource": 4},
+             "disttrain.diagnose.lint": {"disttrain.train.task": 9}}
+    assert _upward_imports(graph) == [
+        "disttrain.launch.own_workers (line 25) imports disttrain.diagnose.lint_ctx",
+        "disttrain.train.build (line 76) imports disttrain.examples.workload",
+        "disttrain.train.trainer (line 3) imports disttrain.diagnose.system"]
+
+
+def test_no_upward_imports() -> None:
+    """train/ imports neither examples/ nor diagnose/, launch/ not diagnose/."""
+    offenders = _upward_imports(_graph())
+    assert not offenders, "imports against the layering:\n" + "\n".join(offenders)

@@ -68,9 +68,10 @@ def test_every_disttrain_name_of_the_package_is_declared():
     names = {n for text in _sources().values() for n in NAME.findall(text)}
     assert names <= set(envvars.VARS)
     assert {n for n in envvars.VARS if n.startswith("DISTTRAIN_")} == {
-        "DISTTRAIN_FAULT", "DISTTRAIN_FSDP_VERSION", "DISTTRAIN_NO_COMM_POLL",
-        "DISTTRAIN_NO_MALLOPT", "DISTTRAIN_STOP_RECORD", "DISTTRAIN_T0", "DISTTRAIN_TEST_TIMEOUT_S",
-        "DISTTRAIN_VERIFY_FAULT", "DISTTRAIN_WARM_DATASET", "DISTTRAIN_WATCHDOG"}
+        "DISTTRAIN_COMM_WAIT", "DISTTRAIN_FAULT", "DISTTRAIN_FSDP_VERSION",
+        "DISTTRAIN_NO_MALLOPT", "DISTTRAIN_RUN_DIR", "DISTTRAIN_STOP_RECORD", "DISTTRAIN_T0",
+        "DISTTRAIN_TEST_TIMEOUT_S",
+        "DISTTRAIN_VERIFY_FAULT", "DISTTRAIN_WARM_TASK", "DISTTRAIN_WATCHDOG"}
 
 
 def _reader_constants() -> dict[str, set[str]]:
@@ -190,9 +191,10 @@ def test_launch_t0_and_ranks_timeout():
 
 
 def test_switches():
-    assert not envvars.flag(envvars.NO_COMM_POLL, {})
-    assert not envvars.flag(envvars.NO_COMM_POLL, {envvars.NO_COMM_POLL: ""})
-    assert envvars.flag(envvars.NO_COMM_POLL, {envvars.NO_COMM_POLL: "1"})
+    assert envvars.comm_wait({}) == envvars.comm_wait({envvars.COMM_WAIT: ""}) == "auto"
+    assert envvars.comm_wait({envvars.COMM_WAIT: "block"}) == "block"
+    with pytest.raises(DistEnvError, match=r"^DISTTRAIN_COMM_WAIT='spin': use auto, poll or block$"):
+        envvars.comm_wait({envvars.COMM_WAIT: "spin"})
     assert envvars.fsdp1_forced({envvars.FSDP_VERSION: "1"})
     assert not envvars.fsdp1_forced({envvars.FSDP_VERSION: "2"})
     assert envvars.uses_agent_store({envvars.USE_AGENT_STORE: "True"})

@@ -53,7 +53,7 @@ def test_a_fresh_folder_is_created_without_a_note(tmp_path):
 
 def test_outputs_and_checkpoint_folder_names():
     assert RUN_OUTPUTS == ("metrics.jsonl", "summary.json", "loss.png", "checkpoints", "logs",
-                           "tb", "report.png", "live", "ranks.json", "stop.json")
+                           "tb", "report.png", "live", "ranks.json", "stop.json", "failures")
     assert checkpoint_dir("runs/x").as_posix() == "runs/x/checkpoints"
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Iterator, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from disttrain.errors import DistEnvError
 
@@ -68,9 +69,9 @@ def _var(name: str, setter: str, meaning: str) -> str:
 WATCHDOG = _var("DISTTRAIN_WATCHDOG", YOU,
                 "any value keeps rank 0's in-job stall watchdog off; `disttrain run` sets "
                 "`launcher` while its own watchdog runs, `off` turns it off by hand")
-NO_COMM_POLL = _var("DISTTRAIN_NO_COMM_POLL", YOU,
-                    "any value: wait for the step's last gloo all-reduce by blocking instead "
-                    "of polling (docs/performance.md)")
+COMM_WAIT = _var("DISTTRAIN_COMM_WAIT", YOU,
+                 "how a rank waits for its step's last gloo all-reduce: `auto` (default: poll "
+                 "only with a free core per rank), `poll` or `block` (docs/performance.md)")
 NO_MALLOPT = _var("DISTTRAIN_NO_MALLOPT", YOU,
                   "any value: leave glibc malloc's thresholds alone in each rank")
 FSDP_VERSION = _var("DISTTRAIN_FSDP_VERSION", YOU,
@@ -85,9 +86,12 @@ VERIFY_FAULT = _var("DISTTRAIN_VERIFY_FAULT", YOU,
 T0 = _var("DISTTRAIN_T0", DISTTRAIN,
           "the `disttrain` command's start time (epoch seconds), so workers report "
           "time-to-first-step; kept for child commands, dropped by the benchmarks")
-WARM_DATASET = _var("DISTTRAIN_WARM_DATASET", DISTTRAIN,
-                    "JSON arguments of the built-in job's dataset, for the warm fork server to "
-                    "load once for all local workers")
+RUN_DIR = _var("DISTTRAIN_RUN_DIR", DISTTRAIN,
+               "the run directory `disttrain run SCRIPT` made for this attempt; "
+               "`disttrain.fit()` in the script writes there unless its spec sets train.run_dir")
+WARM_TASK = _var("DISTTRAIN_WARM_TASK", DISTTRAIN,
+                 "JSON reference and task_args of a built-in task, whose data the warm fork "
+                 "server loads once for all local workers")
 TEST_TIMEOUT_S = _var("DISTTRAIN_TEST_TIMEOUT_S", DISTTRAIN,
                       "`disttrain.testing.run_ranks`' timeout, which bounds every collective "
                       "of `setup_for_test` (default 60)")
@@ -164,10 +168,21 @@ CUDA_VISIBLE_DEVICES = _var("CUDA_VISIBLE_DEVICES", HOST,
 CUDA_DEVICE_SM_LIMIT = _var("CUDA_DEVICE_SM_LIMIT", HOST,
                             "HAMi's share of the GPU's cores for this container (percent); "
                             "reported by `disttrain env`")
+CUDA_DEVICE_MEMORY_LIMIT = _var("CUDA_DEVICE_MEMORY_LIMIT", HOST,
+                                "HAMi's GPU memory limit for this container (N[k/m/g], bytes when "
+                                "bare; `_<i>` for device i); shown by `disttrain top` and `env`")
 CUDA_OVERSUBSCRIBE = _var("CUDA_OVERSUBSCRIBE", HOST,
                           "`true` when HAMi lets this container oversubscribe GPU memory; "
                           "reported by `disttrain env`")
 KUBECONFIG = _var("KUBECONFIG", HOST, "the cluster config the `k8s` commands use")
+
+# -- written for the libraries the fine-tuning recipe uses -----------------------------------
+HF_HUB_OFFLINE = _var("HF_HUB_OFFLINE", DISTTRAIN,
+                      "`1` in the causal-LM recipe's ranks (disttrain.recipes): huggingface_hub "
+                      "never calls the network, a missing file is an error (docs/finetune.md)")
+TRANSFORMERS_OFFLINE = _var("TRANSFORMERS_OFFLINE", DISTTRAIN,
+                            "`1` in the causal-LM recipe's ranks, for transformers releases "
+                            "that read it rather than HF_HUB_OFFLINE")
 
 
 # -- readers ---------------------------------------------------------------------------------
@@ -229,6 +244,18 @@ def uses_agent_store(environ: Mapping[str, str] | None = None) -> bool:
     return _env(environ).get(USE_AGENT_STORE) == "True"
 
 
+def comm_wait(environ: Mapping[str, str] | None = None) -> str:
+    """DISTTRAIN_COMM_WAIT: `auto` (unset or empty), `poll` or `block`.
+
+    Raises:
+        DistEnvError: any other value; names the variable and the choices.
+    """
+    raw = _env(environ).get(COMM_WAIT) or "auto"
+    if raw not in ("auto", "poll", "block"):
+        raise DistEnvError(f"{COMM_WAIT}={raw!r}: use auto, poll or block")
+    return raw
+
+
 def launch_t0(environ: Mapping[str, str] | None = None) -> float | None:
     """The `disttrain` command's start time, or None when no disttrain command started us.
 
@@ -236,6 +263,11 @@ def launch_t0(environ: Mapping[str, str] | None = None) -> float | None:
         DistEnvError: DISTTRAIN_T0 is not a number.
     """
     return float_var(T0, None, environ)
+
+
+def launcher_run_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """The run directory `disttrain run SCRIPT` made for the script's ranks, or None."""
+    return _env(environ).get(RUN_DIR) or None
 
 
 def ranks_timeout_s(environ: Mapping[str, str] | None = None) -> float:
@@ -252,6 +284,56 @@ def ranks_timeout_s(environ: Mapping[str, str] | None = None) -> float:
 def fsdp1_forced(environ: Mapping[str, str] | None = None) -> bool:
     """True when DISTTRAIN_FSDP_VERSION=1 asks for FSDP1 where FSDP2 exists."""
     return _env(environ).get(FSDP_VERSION) == "1"
+
+
+@dataclass(frozen=True)
+class HamiLimits:
+    """The vGPU limits HAMi's device plugin put into this container's environment
+    (HAMi-core enforces them; docs/cluster.md)."""
+
+    sm_limit_percent: int | None = None             # CUDA_DEVICE_SM_LIMIT
+    memory_limit_mib: dict[str, int | None] = field(default_factory=dict)   # per device index
+    default_memory_limit_mib: int | None = None     # CUDA_DEVICE_MEMORY_LIMIT
+
+    def describe(self, device_index: int) -> str | None:
+        """`HAMi CUDA_DEVICE_SM_LIMIT=30%, gpumem 4096 MiB` for that device, None without limits."""
+        parts = []
+        if self.sm_limit_percent is not None:
+            parts.append(f"{CUDA_DEVICE_SM_LIMIT}={self.sm_limit_percent}%")
+        mem = self.memory_limit_mib.get(str(device_index)) or self.default_memory_limit_mib
+        if mem:
+            parts.append(f"gpumem {mem} MiB")
+        return "HAMi " + ", ".join(parts) if parts else None
+
+
+_MEMORY_LIMIT = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)\s*$")
+_UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def parse_memory_limit(value: str) -> int | None:
+    """HAMi-core's CUDA_DEVICE_MEMORY_LIMIT syntax: N[k|m|g] (bare = bytes); 0 = none.
+    None also for a value HAMi-core would not read."""
+    m = _MEMORY_LIMIT.match(value or "")
+    if not m:
+        return None
+    return int(m.group(1)) * _UNIT[m.group(2).lower()]
+
+
+def hami_limits(environ: Mapping[str, str] | None = None) -> HamiLimits:
+    """The HAMi limits in the environment: the SM share (CUDA_DEVICE_SM_LIMIT) and the
+    memory limits, per device (CUDA_DEVICE_MEMORY_LIMIT_<i>) and for all (no suffix)."""
+    env = _env(environ)
+    per_device: dict[int, int | None] = {}
+    for key, value in env.items():
+        m = re.fullmatch(rf"{CUDA_DEVICE_MEMORY_LIMIT}_(\d+)", key)
+        if m:
+            per_device[int(m.group(1))] = parse_memory_limit(value)
+    default = parse_memory_limit(env[CUDA_DEVICE_MEMORY_LIMIT]) if CUDA_DEVICE_MEMORY_LIMIT in env else None
+    sm = env.get(CUDA_DEVICE_SM_LIMIT)
+    return HamiLimits(
+        sm_limit_percent=int(sm) if sm and sm.strip().isdigit() else None,
+        memory_limit_mib={str(i): (b // 2**20 if b else None) for i, b in sorted(per_device.items())},
+        default_memory_limit_mib=default // 2**20 if default else None)
 
 
 # -- writers ---------------------------------------------------------------------------------

@@ -6,9 +6,20 @@ run as asked) or 1 where the verb says so (a cluster call or a job that failed);
 else that escapes is a bug and keeps its traceback. The builtin base each kind also derives
 from (ValueError for input, RuntimeError for the environment) lets plain-Python callers
 catch them the way they would catch the standard error of that kind.
+
+How a job failed travels typed, from where it is detected to the CLI's message and exit
+status, never re-read from text: an error raised in a rank has a `FailureKind` (its class's
+`kind`; anything else is a crash), the rank writes it as a `Failure` record into the run
+dir (`rundir.write_failure`), the launcher puts it on the failed rank's `RankFailure`
+(`launch/result.py`), and `disttrain run` looks the kind up in `OUTCOMES`: one table for
+the exit status and whether the message alone says it all.
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, ClassVar
 
 # The exit status of a job that was asked to stop (SIGTERM / SIGINT: preemption, eviction,
 # Ctrl-C) and stopped cleanly at an optimizer step with a checkpoint: neither a failure nor
@@ -17,8 +28,97 @@ from __future__ import annotations
 EXIT_STOPPED = 75
 
 
+class FailureKind(str, Enum):
+    """What ended a job, as the place that detected it knows it."""
+
+    TASK = "task"              # the user's task cannot be trained (TaskError: a factory, a batch, a loss)
+    CHECKPOINT = "checkpoint"  # a checkpoint not written or not usable (CheckpointError: a full disk)
+    # the checkpoint to resume from is another model's (IncompatibleCheckpoint): bad input
+    INCOMPATIBLE_CHECKPOINT = "incompatible_checkpoint"
+    STALL = "stall"            # a rank made no progress for the timeout (the stall watchdog)
+    STOPPED = "stopped"        # SIGTERM / SIGINT, and the ranks stopped at a step with a checkpoint
+    CRASH = "crash"            # anything else: an exception, a signal, an exit status
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How `disttrain run` ends for one kind of failure.
+
+    Attributes:
+        exit_code: the exit status; None: the job's own (a crash's exit status).
+        alone: the failure's message says all the user needs: printed as one line, without
+            the failed-ranks line and the log diagnosis.
+    """
+
+    exit_code: int | None
+    alone: bool
+
+
+# The CLI's one table: kind -> exit status and how it is said (cli/run_cmd.py).
+OUTCOMES: dict[FailureKind, Outcome] = {
+    FailureKind.TASK: Outcome(2, alone=True),          # like bad input: the message names the fix
+    FailureKind.CHECKPOINT: Outcome(1, alone=True),    # the writer's line: path, bytes needed and free
+    # the keys and shapes that differ, and the fix (another run dir, or no --resume)
+    FailureKind.INCOMPATIBLE_CHECKPOINT: Outcome(2, alone=True),
+    FailureKind.STALL: Outcome(1, alone=False),        # the watchdog's line leads the diagnosis
+    FailureKind.STOPPED: Outcome(EXIT_STOPPED, alone=True),
+    FailureKind.CRASH: Outcome(None, alone=False),
+}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One rank's failure, typed: what a rank records and a launcher reads back.
+
+    Attributes:
+        kind: what failed (`FailureKind`).
+        message: the error's own message, for the user (no type name, no traceback).
+        rank: the global rank that failed (None: not known, e.g. before the process group).
+        error: the exception's type name (`ValueError`), for a crash's line.
+        pid: the process that recorded it.
+    """
+
+    kind: FailureKind
+    message: str
+    rank: int | None = None
+    error: str = ""
+    pid: int | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, rank: int | None = None,
+                       pid: int | None = None) -> Failure:
+        """The failure `exc` stands for: its class's `kind`, a crash for any other error."""
+        kind = getattr(type(exc), "kind", None)
+        return cls(kind if isinstance(kind, FailureKind) else FailureKind.CRASH, str(exc), rank,
+                   type(exc).__name__, pid)
+
+    @property
+    def outcome(self) -> Outcome:
+        return OUTCOMES[self.kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind.value}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Failure | None:
+        """A record as written by `to_dict`, or None when it is not one (a torn write, another
+        version's file): the launcher then knows only the exit status, as without a record."""
+        if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+            return None
+        try:
+            kind = FailureKind(data.get("kind"))
+        except ValueError:
+            return None
+        rank, pid = data.get("rank"), data.get("pid")
+        return cls(kind, data["message"], rank if isinstance(rank, int) else None,
+                   str(data.get("error") or ""), pid if isinstance(pid, int) else None)
+
+
 class DisttrainError(Exception):
     """Base of every error disttrain raises on purpose; the message is for the user."""
+
+    # The kind of job failure this error is when a rank raises it (None: a crash).
+    kind: ClassVar[FailureKind | None] = None
 
 
 # -- bad input: the spec, a flag, a file, a script ------------------------------------------
@@ -70,6 +170,15 @@ class DatasetError(DisttrainError, RuntimeError):
 class CheckpointError(DisttrainError, RuntimeError):
     """A checkpoint that cannot be used (corrupt, truncated, or from another job)."""
 
+    kind = FailureKind.CHECKPOINT
+
+
+class IncompatibleCheckpoint(CheckpointError):
+    """The checkpoint to resume from was saved from another model (keys or shapes differ):
+    the message names the file, a few keys of each difference and the fix; exit 2."""
+
+    kind = FailureKind.INCOMPATIBLE_CHECKPOINT
+
 
 class BenchError(DisttrainError, RuntimeError):
     """A benchmark run failed; the message names the rank or the command and its output."""
@@ -88,3 +197,5 @@ class LocalRunError(DisttrainError, RuntimeError):
 class RankStalled(DisttrainError, RuntimeError):
     """A rank made no progress for longer than the timeout; rank 0's watchdog records it in
     torchrun's error file before it ends the job (docs/resilience.md)."""
+
+    kind = FailureKind.STALL

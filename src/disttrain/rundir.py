@@ -6,7 +6,10 @@
       checkpoints/    ckpt-<step>.pt + .manifest.json, last.pt, dcp-<step>/ under FSDP (train/checkpoint.py)
       summary.json    the run's settings and results, written once at the end
       loss.png        training loss per optimizer step, one line per rank
-      logs/           the tee'd rank logs of a user script run under torchrun
+      logs/           the tee'd rank logs of a user script run under torchrun, and torchrun.log:
+                      torch's agent's own report of a failed worker (launch/agent_logs.py)
+      live/           rank-<R>.json: each rank's latest figures (a script's also rank-<R>.jsonl,
+                      merged into metrics.jsonl at the end: monitor/script_live.py)
 
     runs/<script stem>/run-1, run-2, ...   a user script's attempts, each its own run dir
     runs/<script stem>/latest              -> the newest attempt
@@ -36,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from disttrain.errors import Failure
+
 JOB_YAML = "job.yaml"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -44,12 +49,14 @@ LOSS_PNG = "loss.png"
 LOGS = "logs"
 TB = "tb"                  # TensorBoard event files, when tensorboard is installed (monitor/tensorboard.py)
 REPORT_PNG = "report.png"  # `disttrain report` (monitor/report.py)
-LIVE = "live"              # each rank's live status and the straggler verdict (train/step_timing.py)
+LIVE = "live"              # each rank's live status and the straggler verdict (train/telemetry.py)
+LIVE_STRAGGLER = "straggler.json"   # in LIVE: rank 0's straggler verdict (train/telemetry.py)
 RANKS_JSON = "ranks.json"  # where each rank of the current round runs (resilience/ranks.py)
 STOP_JSON = "stop.json"    # rank 0's record of a clean stop on SIGTERM (resilience/preemption.py)
+FAILURES = "failures"      # rank-<R>.json: each failed rank's typed failure (errors.Failure; worker.py)
 # What a run produces, so what a new run (not --resume) in the same folder replaces.
 RUN_OUTPUTS = (METRICS, SUMMARY, LOSS_PNG, CHECKPOINTS, LOGS, TB, REPORT_PNG, LIVE, RANKS_JSON,
-               STOP_JSON)
+               STOP_JSON, FAILURES)
 
 
 # A user script's attempts: <base>/run-1, run-2, ... and <base>/latest -> the newest one
@@ -186,6 +193,36 @@ class RunWriter:
         self._metrics.close()
         if self._events:
             self._events.close()
+
+
+# -- typed failures: what a rank writes when it fails, what its launcher reads ----------------
+def write_failure(run_dir: Path, failure: Failure) -> None:
+    """The failed rank's record, `FAILURES/rank-<R>.json` (atomic). Best effort: a run dir
+    this rank cannot write leaves the launcher only the exit status, as before typing."""
+    folder = Path(run_dir) / FAILURES
+    name = f"rank-{failure.rank}.json" if failure.rank is not None else f"pid-{failure.pid}.json"
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / name, json.dumps(failure.to_dict()) + "\n")
+
+
+def read_failures(run_dir: Path) -> list[Failure]:
+    """Every failure record in `run_dir` (none: [])."""
+    found = []
+    folder = Path(run_dir) / FAILURES
+    with contextlib.suppress(OSError):
+        for path in sorted(folder.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                failure = Failure.from_dict(json.loads(path.read_text(encoding="utf-8")))
+                if failure is not None:
+                    found.append(failure)
+    return found
+
+
+def clear_failures(run_dir: Path) -> None:
+    """Remove an earlier launch's records before a new one (a restart or --resume keeps
+    the run dir), so they are never taken for this launch's."""
+    shutil.rmtree(Path(run_dir) / FAILURES, ignore_errors=True)
 
 
 def read_lines(path: Path) -> list[str]:

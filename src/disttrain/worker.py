@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from disttrain.distributed.torch_compat import check_torch, running_torch
-from disttrain.errors import EXIT_STOPPED, CheckpointError, SpecError
+from disttrain.errors import EXIT_STOPPED, DisttrainError, Failure, SpecError
 from disttrain.spec.job import JobSpec
 
 T = TypeVar("T")
@@ -34,8 +34,12 @@ def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
     from disttrain.train.build import build_trainer
 
     spec = JobSpec.model_validate(spec_data)
-    with runtime.setup(spec.launch.backend, spec.launch.timeout_s, threads=spec.train.threads) as rt:
-        summary = build_trainer(spec, rt).fit()
+    try:
+        with runtime.setup(spec.launch.backend, spec.launch.timeout_s, threads=spec.train.threads) as rt:
+            summary = build_trainer(spec, rt).fit()
+    except Exception as exc:
+        _record_failure(spec, exc)
+        raise
     from disttrain.resilience import preemption
 
     # SIGTERM / SIGINT, even one that came after the last step: the agent is closing and
@@ -43,6 +47,22 @@ def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
     if summary.get("stopped") or preemption.received():
         preemption.exit_after_return(EXIT_STOPPED if summary.get("stopped") else 0)
     return summary
+
+
+def _record_failure(spec: JobSpec, exc: BaseException) -> None:
+    """This rank's typed failure (`errors.Failure`: its kind, message, rank, pid) in the run
+    dir, where the launcher reads it (`rundir.write_failure`): the kind travels to
+    `disttrain run`'s message and exit status without being read back from text."""
+    import os
+
+    from disttrain.distributed import runtime
+    from disttrain.rundir import write_failure
+
+    try:
+        rank: int | None = runtime.read_env().rank
+    except runtime.DistEnvError:
+        rank = None
+    write_failure(spec.run_dir, Failure.from_exception(exc, rank, os.getpid()))
 
 
 def run_recorded(fn: Callable[..., T], *args: Any) -> T:
@@ -88,22 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if spec.task and not spec.task_dir:  # a hand-written spec: its folder, as `disttrain run` sets
         spec.task_dir = str(Path(args.spec).resolve().parent)
-    from disttrain.train.task import TaskError
-
     try:
         with _rank0_watchdog(spec.launch.timeout_s):
             summary = run_recorded(run_worker, spec.model_dump())
-    except TaskError as exc:
-        # The user's task (a factory that raised, a bad batch or loss): the message says
-        # what to fix, and @record has put it in torchrun's error file; a traceback of
-        # disttrain's frames would only bury it.
+    except DisttrainError as exc:
+        # A failure whose message says what to fix (errors.OUTCOMES: the user's task, a
+        # checkpoint not written): @record has put it in torchrun's error file; a traceback
+        # of disttrain's frames would only bury it. Any other keeps its traceback.
+        outcome = Failure.from_exception(exc).outcome
+        if not outcome.alone or outcome.exit_code is None:
+            raise
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    except CheckpointError as exc:
-        # A checkpoint that could not be written (a full disk): every rank raises the
-        # writer's one line (train/checkpoint.py); the job failed, the line says why.
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return outcome.exit_code
     # SIGTERM / SIGINT: stopped at a step with a checkpoint, "resume me" (resilience/preemption.py)
     return EXIT_STOPPED if (summary or {}).get("stopped") else 0
 

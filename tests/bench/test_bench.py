@@ -89,6 +89,28 @@ def test_scaling_summary_is_paired_by_round(tmp_path, monkeypatch):
     assert two["efficiency"] == pytest.approx(155.0 / (2 * 90.0))
     assert two["efficiency_min"] == pytest.approx(0.75) and two["efficiency_max"] == pytest.approx(1.0)
     assert summary[0]["efficiency"] == pytest.approx(1.0)
+    assert "plain_efficiency" not in two
+
+
+def test_scaling_runs_the_plain_loop_beside_in_the_same_rounds(tmp_path, monkeypatch):
+    order = []
+
+    def fake(side, rate):
+        def run(b, n, *args, **kwargs):
+            order.append((side, n))
+            return {"samples_per_s": rate * (1.5 if n == 2 else 1.0)}
+        return run
+
+    monkeypatch.setattr(training, "run_trainer", fake("trainer", 100.0))
+    monkeypatch.setattr(training, "run_plain", fake("plain", 80.0))
+    rows, summary = training.run_scaling(training.TrainBench(), 2, 2, tmp_path,
+                                         plain_script=tmp_path / "plain_ddp.py")
+    assert order == [("trainer", 1), ("plain", 1), ("trainer", 2), ("plain", 2),
+                     ("plain", 2), ("trainer", 2), ("plain", 1), ("trainer", 1)]
+    assert {r["side"] for r in rows} == {"trainer", "plain"}
+    two = summary[1]
+    assert two["samples_per_s"] == 150.0 and two["plain_samples_per_s"] == 120.0
+    assert two["efficiency"] == two["plain_efficiency"] == pytest.approx(0.75)
 
 
 def test_scaling_json_shape(tmp_path):
@@ -97,11 +119,36 @@ def test_scaling_json_shape(tmp_path):
     assert res.exit_code == 0, res.output
     (row,) = _json_lines(res.output)
     assert row["nproc"] == 1 and row["workload"] == "synthetic" and row["samples_per_s"] > 0
-    assert row["efficiency"] == pytest.approx(1.0)
+    assert row["efficiency"] == pytest.approx(1.0) == row["plain_efficiency"]
+    assert row["plain_samples_per_s"] > 0
     saved = json.loads((tmp_path / "sc" / "results.json").read_text())
     assert saved["summary"] == [row] and saved["rows"][0]["params_in_sync"] is True
     assert saved["rows"][0]["first_step_s"] > 0
+    assert saved["settings"]["contend"] == 0 and saved["settings"]["plain_script"].endswith("plain_ddp.py")
     assert (tmp_path / "sc" / "scaling.png").exists()
+
+
+def test_contend_busies_the_cores_for_the_whole_benchmark_only(tmp_path, monkeypatch):
+    import psutil
+
+    seen: list[int] = []
+
+    def fake(b, script, rounds, out, **kw):
+        busy = [c for c in psutil.Process().children() if "getppid" in " ".join(c.cmdline())]
+        seen.extend(c.pid for c in busy)
+        assert all(c.status() != psutil.STATUS_ZOMBIE for c in busy)
+        row = {"round": 0, "ratio": 1.0, "trainer_samples_per_s": 1.0, "plain_samples_per_s": 1.0}
+        return [row], {"ratio_median": 1.0}
+
+    monkeypatch.setattr(training, "run_overhead", fake)
+    res = CliRunner().invoke(bench, ["overhead", "--contend", "2", "--json",
+                                     "--run-dir", str(tmp_path / "ov")])
+    assert res.exit_code == 0, res.output
+    assert len(seen) == 2, "two busy processes while the benchmark ran"
+    assert _json_lines(res.output)[-1]["summary"]["contend"] == 2
+    assert json.loads((tmp_path / "ov" / "results.json").read_text())["settings"]["contend"] == 2
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in seen), "stopped when the benchmark ended"
 
 
 def test_overhead_json_shape(tmp_path):
@@ -250,3 +297,28 @@ def test_overhead_of_a_user_task_runs_its_loss_fn_on_both_sides(tmp_path, monkey
     saved = json.loads((tmp_path / "ov" / "results.json").read_text())
     assert saved["settings"]["task_args"] == {"hidden": 8}
     assert saved["settings"]["plain_script"].endswith("plain_chargpt.py")
+
+
+def test_contention_runs_busy_processes_only_for_the_block():
+    import psutil
+
+    from disttrain.bench.contend import contention
+
+    with contention(2, limit_s=60) as pids:
+        assert len(pids) == 2
+        procs = [psutil.Process(pid) for pid in pids]
+        assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+        assert procs[0].cpu_affinity() == psutil.Process().cpu_affinity()
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in pids)
+    with contention(0) as none:
+        assert none == []
+
+
+def test_a_busy_process_ends_by_itself_at_its_limit():
+    import psutil
+
+    from disttrain.bench.contend import contention
+
+    with contention(1, limit_s=0.5) as (pid,):
+        psutil.Process(pid).wait(timeout=30)   # returns: it ended by itself

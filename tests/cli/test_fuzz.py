@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from disttrain.cli.main import cli
 from disttrain.cli.options import HIDDEN
+from disttrain.diagnose import logs as logs_mod
 from disttrain.errors import SpecError
+from disttrain.k8s import render as render_mod
 from disttrain.spec.job import JobSpec, field_index
 
 # The profile's max_examples over hypothesis' default of 100: 1 under "ci", 10 under "fuzz".
@@ -169,7 +171,6 @@ def test_known_hostile_command_lines_exit_2(argv):
 
 
 # -- manifests -------------------------------------------------------------------------
-render_mod = pytest.importorskip("disttrain.k8s.render")
 cluster_docs = st.fixed_dictionaries(
     {"image": st.sampled_from(["reg.local:5000/pytorch/pytorch:2.1.0", "img", "a/b:c"])},
     optional={
@@ -260,7 +261,6 @@ def test_k8s_render_flags_exit_0_or_2(argv):
 
 
 # -- logs, checkpoints, the fault hook ---------------------------------------------------
-logs_mod = pytest.importorskip("disttrain.diagnose.logs")
 OUR_LINES = [
     "error: rank 1 (pid 4242, host vm) made no progress for 30 s; last seen: step 17, phase "
     "backward; the process is not running (stopped, or blocked holding the GIL)\n",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import DIGITS_JOB, REFERENCE_JOB, REFERENCE_STEPS, ROOT, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,31 +38,52 @@ def test_main_job_defaults(tmp_path):
     assert (run_dir / "loss.png").stat().st_size > 1000
     assert (run_dir / "checkpoints" / "last.pt").exists()
     assert "name: disttrain" in (run_dir / "job.yaml").read_text()
+    # what `make run` prints: the banner names the task, the last line the run dir
+    banner = "disttrain: digits | strategy ddp | backend gloo | world size 2 | device cpu"
+    assert out.splitlines()[0] == banner
+    assert out.rstrip().endswith("| run dir runs/disttrain")
+    assert summary["data_preloaded"] is True  # the warm fork server ran the task's warm hook
 
 
-def test_resume_is_bitwise_identical(tmp_path):
-    common = ("run", "--example", "digits", "--nproc-per-node", "2")
-    full = run_cli(*common, "--epochs", "4", "--run-dir", "full", cwd=tmp_path)
-    assert full.returncode == 0, full.stderr[-2000:]
-    part = run_cli(*common, "--epochs", "2", "--run-dir", "part", cwd=tmp_path)
+def test_the_default_job_is_its_task_reference_bit_for_bit(tmp_path, digits_reference):
+    """`disttrain run` is short for `--task disttrain.examples.digits:make_task` (issue 21
+    item 1): the long form trains the same parameters, bit for bit, with the same losses, as
+    the session's reference run of the short form (one topology: 1 host x 2 processes)."""
+    res = run_cli(*REFERENCE_JOB, "--task", "disttrain.examples.digits:make_task", "--run-dir",
+                  "long", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("disttrain: digits | strategy ddp")
+    short, long = _summary(digits_reference), _summary(tmp_path / "long")
+    assert short["params_sha256"] == long["params_sha256"] and short["steps"] == REFERENCE_STEPS
+
+    def losses(run_dir: Path) -> list[tuple]:
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(r["split"], r["rank"], r.get("step"), r.get("loss"), r.get("accuracy")) for r in rows]
+
+    assert losses(digits_reference) == losses(tmp_path / "long")
+
+
+def test_resume_is_bitwise_identical(tmp_path, digits_reference):
+    """1 epoch, then resumed with --epochs 2: the same parameters as 2 epochs at once (the
+    session's reference run, conftest.py)."""
+    part = run_cli(*DIGITS_JOB, "--epochs", "1", "--run-dir", "part", cwd=tmp_path)
     assert part.returncode == 0, part.stderr[-2000:]
-    rest = run_cli(*common, "--epochs", "4", "--run-dir", "part", "--resume", cwd=tmp_path)
+    rest = run_cli(*DIGITS_JOB, "--epochs", "2", "--run-dir", "part", "--resume", cwd=tmp_path)
     assert rest.returncode == 0, rest.stderr[-2000:]
-    assert "resumed from" in rest.stdout
-    a, b = _summary(tmp_path / "full"), _summary(tmp_path / "part")
-    assert a["params_sha256"] == b["params_sha256"]
-    assert a["steps"] == b["steps"] == 92
+    assert "resumed from part/checkpoints/ckpt-00000023.pt (epoch 1, step 23)" in rest.stdout
+    full, b = _summary(digits_reference), _summary(tmp_path / "part")
+    assert full["params_sha256"] == b["params_sha256"]
+    assert full["steps"] == b["steps"] == REFERENCE_STEPS
 
 
-def test_resume_mid_epoch_is_bitwise_identical(tmp_path):
-    common = ("run", "--nproc-per-node", "2", "--epochs", "2", "--checkpoint-every-steps", "10")
-    full = run_cli(*common, "--run-dir", "full", cwd=tmp_path)
-    part = run_cli(*common, "--run-dir", "part", "--max-steps", "30", cwd=tmp_path)
-    assert full.returncode == 0 and part.returncode == 0, part.stderr[-2000:]
+def test_resume_mid_epoch_is_bitwise_identical(tmp_path, digits_reference):
+    part = run_cli(*REFERENCE_JOB, "--run-dir", "part", "--max-steps", "30", cwd=tmp_path)
+    assert part.returncode == 0, part.stderr[-2000:]
     assert _summary(tmp_path / "part")["steps"] == 30
-    rest = run_cli(*common, "--run-dir", "part", "--resume", cwd=tmp_path)
+    rest = run_cli(*REFERENCE_JOB, "--run-dir", "part", "--resume", cwd=tmp_path)
     assert rest.returncode == 0, rest.stderr[-2000:]
-    assert _summary(tmp_path / "full")["params_sha256"] == _summary(tmp_path / "part")["params_sha256"]
+    assert "resumed from part/checkpoints/ckpt-00000030.pt" in rest.stdout
+    assert _summary(digits_reference)["params_sha256"] == _summary(tmp_path / "part")["params_sha256"]
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -139,11 +139,11 @@ def test_env_malformed_rank_is_refused_before_deleting(tmp_path, monkeypatch, ca
 # -- 4. local rank 0 downloads before the other ranks load ---------------------------
 def _build_with_download(marker: str, run_dir: str) -> list[bool]:
     """build_trainer on this rank with a loader that fails unless rank 0 went first."""
-    from disttrain.examples import workload
+    from disttrain.examples import mnist
     from disttrain.testing import setup_for_test
     from disttrain.train import build as builder
 
-    real, calls = workload.load_dataset, []
+    real, calls = mnist.load_dataset, []
 
     def fake_load(example: str, *, download: bool = False, **kwargs):
         calls.append(download)
@@ -152,11 +152,12 @@ def _build_with_download(marker: str, run_dir: str) -> list[bool]:
             Path(marker).touch()
         elif not Path(marker).exists():
             raise FileNotFoundError("dataset files not there yet: rank 0 is still downloading")
-        return real(example, download=False, **kwargs)
+        return real("digits")   # stands in for the downloaded files
 
-    workload.load_dataset = fake_load
+    mnist.load_dataset = fake_load
     with setup_for_test() as rt:
-        spec = _spec(download=True, run_dir=run_dir, epochs=1, checkpoint_every_epochs=0)
+        spec = _spec(task="disttrain.examples.mnist:make_task", task_args={"download": True},
+                     run_dir=run_dir, epochs=1, checkpoint_every_epochs=0)
         builder.build_trainer(spec, rt)
     return calls
 
@@ -170,7 +171,7 @@ def test_build_trainer_rank0_downloads_before_others_load(tmp_path):
 
 
 def _rank0_load_fails() -> tuple[str, float]:
-    from disttrain.examples.workload import load_splits_local_rank0_first
+    from disttrain.examples.mnist import load_splits_local_rank0_first
     from disttrain.testing import setup_for_test
 
     def load(download: bool):
@@ -206,7 +207,7 @@ class _FakeNodeRank:
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
 def test_each_node_downloads_once_before_its_other_ranks_load(rank):
     """Nodes need not share a filesystem: local rank 0 of every node downloads."""
-    from disttrain.examples.workload import load_splits_local_rank0_first
+    from disttrain.examples.mnist import load_splits_local_rank0_first
 
     rt = _FakeNodeRank(rank)
     load_splits_local_rank0_first(rt, lambda download: rt.events.append(download), True)

@@ -59,8 +59,52 @@ def test_task_flags_reach_the_resolved_spec(task_dir):
     spec = _spec_of(res.stdout)
     assert spec["task"] == "mytask:make_task" and spec["task_args"] == {"hidden": 4}
     assert spec["task_dir"] == str(task_dir.resolve())  # flags: the current folder, absolute
-    assert spec["train"]["grad_accum"] == 2 and spec["example"] is None
+    assert spec["train"]["grad_accum"] == 2 and "example" not in spec
+    assert spec["name"] == "mytask"  # named after the task (issue 25 item 8)
     assert "-m disttrain.worker" in res.stdout.split("\n---\n")[1]
+
+
+@pytest.fixture
+def in_process(task_dir, monkeypatch):
+    """`disttrain run --dry-run` in this process (click's runner: no new Python, no torch
+    import), with sys.path and the imported task module put back afterwards."""
+    from click.testing import CliRunner
+
+    from disttrain.cli.run_cmd import run
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield lambda *args, cwd=task_dir: _dry_run(CliRunner(), run, args, cwd, monkeypatch)
+    sys.modules.pop("mytask", None)
+
+
+def _dry_run(runner, run, args, cwd, monkeypatch) -> dict:
+    monkeypatch.chdir(cwd)
+    sys.modules.pop("mytask", None)
+    res = runner.invoke(run, [*args, "--dry-run"])
+    assert res.exit_code == 0, res.output
+    return _spec_of(res.output)
+
+
+def test_built_in_jobs_are_task_references_with_their_options_as_task_args(in_process):
+    """`--example NAME` is short for disttrain.examples.NAME:make_task, and the example flags
+    land in task_args of a task that takes them (issue 21 item 1)."""
+    spec = in_process("--example", "synthetic", "--num-samples", "512", "--hidden-size", "8")
+    assert spec["task"] == "disttrain.examples.synthetic:make_task" and spec["name"] == "synthetic"
+    assert spec["task_args"] == {"num_samples": 512, "hidden_size": 8}
+    assert not {"data_dir", "num_samples", "hidden_size", "example"} & (set(spec) | set(spec["train"]))
+    default = in_process()
+    assert default["task"] == "disttrain.examples.digits:make_task" and default["name"] == "disttrain"
+
+
+def test_a_task_file_by_relative_or_absolute_path(task_dir, in_process):
+    """`--task ../x/mytask.py:fn` and `/abs/.../mytask.py:fn`: the file's folder becomes
+    task_dir (searched by every worker, shipped by k8s render) and the module its stem."""
+    here = task_dir / "here"
+    here.mkdir()
+    for ref in ("../mytask.py:make_task", f"{task_dir}/mytask.py:make_task"):
+        spec = in_process("--task", ref, cwd=here)
+        assert spec["task"] == "mytask:make_task" and spec["task_dir"] == str(task_dir.resolve())
+        assert spec["name"] == "mytask"
 
 
 def test_spec_file_folder_is_searched_first(tmp_path):
@@ -78,17 +122,26 @@ def test_spec_file_folder_is_searched_first(tmp_path):
     (("--task", "nope:make_task"), "task 'nope:make_task': no module 'nope' in "),
     (("--task", "mytask:nothing"), "module 'mytask' ("),
     (("--task", "mytask:make_task", "--task-args", "{width: 3}"),
-     "task_args: mytask:make_task takes no argument(s) width; it takes hidden"),
+     "task_args: mytask:make_task takes no argument width; it takes hidden"),
     (("--task", "mytask:make_task", "--task-args", "{hidden: 1, extra: 2}"),
-     "takes no argument(s) extra"),
+     "takes no argument extra"),
+    (("--task", "mytask:make_task", "--task-args", "{hidden: lots}"),
+     "task_args: hidden: Input should be a valid integer, unable to parse string as an integer"),
+    (("--task", "disttrain.examples.chargpt:make_task", "--data-dir", "/x"),
+     "--data-dir: the task disttrain.examples.chargpt:make_task takes no data_dir (its arguments: "
+     "block, layers"),
+    (("--hidden-size", "8", "--task-args", "{hidden_size: 4}"),
+     "--hidden-size: also given in --task-args; give it once"),
+    (("--task", "../nowhere/mytask.py:make_task"), "no such file; give the path of an existing .py file"),
     (("--task", "mytask:make_task", "--task-args", "{hidden: .inf}"),
      "task_args: hidden: must be a finite"),
     (("--task", "mytask"), "task: write it as module:function (e.g. mytask:make_task)"),
     (("--task", "mytask:make_task", "--example", "digits"),
-     "give either 'task' (your TrainTask) or 'example'"),
+     "--example: give --example digits or --task mytask:make_task, not both"),
     (("--task", "mytask:make_task", "train.py"),
      "give either 'task' (a TrainTask the built-in Trainer trains)"),
-    (("--task-args", "{hidden: 2}"), "task_args: they are the arguments of a task's function"),
+    (("--task-args", "{hidden: 2}"),  # the default job is a task too: its arguments are named
+     "task_args: disttrain.examples.digits:make_task takes no argument hidden; it takes hidden_size"),
     (("--task", "syntaxerr:make"), "syntaxerr.py:1: "),
     (("--task", "raises_on_import:make"), "importing 'raises_on_import' raised RuntimeError: no GPU here"),
     (("--task", "needs_missing:make"),
@@ -118,7 +171,7 @@ def test_task_trains_on_two_ranks(task_dir):
     res = run_cli("run", "--task", "mytask:make_task", "--task-args", "{hidden: 12}",
                   "--nproc-per-node", "2", "--epochs", "1", cwd=task_dir)
     assert res.returncode == 0, res.stderr[-3000:]
-    run_dir = task_dir / "runs" / "disttrain"
+    run_dir = task_dir / "runs" / "mytask"   # named after the task
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["params_in_sync"] is True
     assert summary["steps"] == 4  # 256 samples / (32 per rank x 2 ranks)
@@ -144,6 +197,11 @@ def test_task_failing_in_the_workers_is_reported_once(task_dir, ref, launcher, m
     # the factory's own frames may be shown (inside the message); disttrain's and torch's not
     assert "disttrain/worker.py" not in res.stderr and "site-packages/torch" not in res.stderr
     assert "the job failed" not in res.stderr
+    # the kind travelled typed: each rank's record in the run dir (errors.Failure)
+    records = [json.loads(p.read_text()) for p in task_dir.glob("runs/*/failures/rank-*.json")]
+    assert sorted(r["rank"] for r in records) == [0, 1], records
+    assert {(r["kind"], r["error"]) for r in records} == {("task", "TaskError")}
+    assert message.removeprefix("error: ") in records[0]["message"]
 
 
 def test_worker_reports_a_task_error_with_exit_2(task_dir):

@@ -219,7 +219,16 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                      "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
                      "scaler.step(opt)\n",
                PRE + "if amp:\n    scaler.scale(loss).backward()\nelse:\n    loss.backward()\n"
-                     "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"]),
+                     "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+               PRE + "scaler.scale(loss).backward()\nif clip:\n    scaler.unscale_(opt)\n"
+                     "    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)\n"]),
+    "DT023": ([PRE + INIT + "model = DDP(model.cuda())\n",
+               PRE + INIT + 'device = "cuda" if torch.cuda.is_available() else "cpu"\n'
+                            "model = DDP(model.to(device))\n"],
+              [PRE + INIT + 'local_rank = int(os.environ["LOCAL_RANK"])\n'
+                            "torch.cuda.set_device(local_rank)\nmodel = DDP(model.cuda())\n",
+               PRE + INIT + 'model = DDP(model.to(f"cuda:{os.environ[\'LOCAL_RANK\']}"))\n',
+               "import torch\nmodel = model.cuda()\n"]),
 }
 
 POSITIVE = [(r, i, s) for r, (pos, _) in CASES.items() for i, s in enumerate(pos)]

@@ -220,6 +220,41 @@ def test_abort_after_the_ranks_exception_is_a_consequence() -> None:
     assert "_dynamo" not in d.fix and "gdb" not in d.fix
 
 
+@pytest.mark.parametrize(("exc_prefix", "abort_prefix"), [
+    ("", ""),                              # mp.spawn / plain python
+    ("[rank1]: ", ""),                     # torchrun: torch's exception prefix only
+    ("[rank1]: ", "[rank1]:"),             # the abort through a line-prefixing launcher
+    ("[rank1]:[rank1]: ", "[rank1]:"),     # disttrain run: both prefixes on Python's lines
+    ("[rank1]:[rank1]: ", "[rank1]:[rank1]: "),
+    ("[default1]:[rank1]: ", "[default1]:"),   # torchrun --tee
+])
+def test_exception_then_own_abort_names_the_exception(exc_prefix: str,
+                                                      abort_prefix: str) -> None:
+    """Issue 25 item 5b: the rank's RuntimeError is the cause, its teardown abort after it
+    a consequence, whatever prefixes the lines carry (libstdc++'s and CPython's messages)."""
+    lines = ["Traceback (most recent call last):",
+             '  File "/w/train.py", line 14, in <module>',
+             '    raise RuntimeError("shape mismatch in my_loss: expected 4, got 3")',
+             "RuntimeError: shape mismatch in my_loss: expected 4, got 3"]
+    abort = "".join(f"{abort_prefix}{line}\n" for line in (
+        "terminate called without an active exception", "Fatal Python error: Aborted", "",
+        "Thread 0x00007f3a2c9fe640 (most recent call first):", "  <no Python frame>"))
+    d = diagnose("".join(f"{exc_prefix}{line}\n" for line in lines) + abort)
+    assert d.cause == "user_code_error" and "shape mismatch in my_loss" in d.title
+    assert d.consequences == ["cpp_abort"] and "/w/train.py:14" in d.fix
+    assert "_dynamo" not in d.fix and "gdb" not in d.fix
+    assert diagnose(abort).cause == "cpp_abort"   # alone: a finished run's teardown
+
+
+def test_checkpoint_of_another_model_names_the_keys() -> None:
+    """Issue 25 item 5: torch's load_state_dict error and disttrain's resume check."""
+    d = diagnose((LOGS / "checkpoint_mismatch_torch.log").read_text())
+    assert d.cause == "checkpoint_mismatch" and "checkpoint [10, 16], model [10, 32]" in d.title
+    assert "another run dir" in d.fix and "without --resume" in d.fix
+    d = diagnose((LOGS / "checkpoint_mismatch_resume.log").read_text())
+    assert d.cause == "checkpoint_mismatch" and "fc1.weight: checkpoint [16, 64]" in d.title
+
+
 def test_cpu_build_fix_says_what_to_change_in_the_script() -> None:
     for name in ("version_mismatch_cpu_build.log", "version_mismatch_set_device_cpu.log"):
         d = diagnose((LOGS / name).read_text())

@@ -39,7 +39,7 @@ TOLERANCE = {"cpu": (1e-4, 1e-5), "cuda": (1e-3, 1e-4)}
 # digits, 1 epoch of SGD: a wide hidden layer so FSDP makes fc1 a unit of its own
 # (>= 100k parameters) and the root holds the rest.
 BASE = {"epochs": 1, "optimizer": "sgd", "lr": 0.05, "lr_scaling": "none",
-        "checkpoint_every_epochs": 0, "hidden_size": 2048, "seed": 3}
+        "checkpoint_every_epochs": 0, "task_args": {"hidden_size": 2048}, "seed": 3}
 TWO_RANKS: dict[str, dict[str, Any]] = {
     "ddp": {"strategy": "ddp", "batch_size": 32},
     "ddp_k4": {"strategy": "ddp", "batch_size": 8, "grad_accum": 4},

@@ -44,3 +44,18 @@ def test_missing_files_are_not_warmed_and_not_downloaded(tmp_path, monkeypatch):
     assert data._warm == {}
     with pytest.raises(data.DatasetError, match="IDX files"):
         data.load_dataset("mnist", data_dir=str(tmp_path))
+
+
+def test_the_fork_server_warms_a_built_in_task_through_its_hook(monkeypatch):
+    """What forkserver_preload runs (`warm_task`): the task's warm hook loads the data the
+    factory then reads, for the same task_args only; a task without a hook is not warmed."""
+    from disttrain.train import task as t
+
+    monkeypatch.setattr(t, "_warmed", set())
+    ref, args = "disttrain.examples.synthetic:make_task", {"num_samples": 96, "input_size": 8}
+    assert t.warm_task(ref, args) is True and t.task_warmed(ref, args)
+    assert not t.task_warmed(ref, {"num_samples": 97, "input_size": 8})
+    warm = data.load_dataset("synthetic", num_samples=96, input_size=8)
+    assert t.load_task(ref, args).train_data.tensors[0] is warm.train_x   # the shared copy
+    assert t.warm_task("disttrain.examples.chargpt:make_task", {}) is False   # no warm hook
+    assert t.warm_task(ref, {"num_samples": "lots"}) is False   # bad args: the workers report

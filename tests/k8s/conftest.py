@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +36,14 @@ GUIDE_FLAGS = [
 ]
 
 
+def _load_yaml(data: bytes) -> Any:
+    """A CRD file (hundreds of KiB): libyaml's loader when PyYAML has it (~10x faster)."""
+    return yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 @functools.cache
 def _crd_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD_FILE.read_text())
+    crd = _load_yaml(CRD_FILE.read_bytes())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     return _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
 
@@ -58,9 +64,52 @@ def _strict(schema: Any) -> Any:
     return schema
 
 
+# The gang-safe kinds' CRDs (data/SOURCE.md): kind -> (file, served version)
+GANG_CRDS = {"JobSet": ("jobset.x-k8s.io_jobsets-v0.12.0.yaml.gz", "v1alpha2"),
+             "PodGroup": ("scheduling.x-k8s.io_podgroups-v0.34.7.yaml.gz", "v1alpha1"),
+             "TrainJob": ("trainer.kubeflow.org_trainjobs-v2.3.0.yaml.gz", "v1alpha1"),
+             "ClusterTrainingRuntime": (
+                 "trainer.kubeflow.org_clustertrainingruntimes-v2.3.0.yaml.gz", "v1alpha1")}
+
+
+@functools.cache
+def gang_crd_schema(kind: str) -> dict[str, Any]:
+    file, served = GANG_CRDS[kind]
+    crd = _load_yaml(gzip.decompress((HERE / "data" / "gang" / file).read_bytes()))
+    assert crd["spec"]["names"]["kind"] == kind
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == served)
+    return _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+
+
+@functools.cache
+def _gang_validator(kind: str) -> Any:
+    """One validator per CRD: `jsonschema.validate` would check the (large) schema itself
+    again at every call."""
+    schema = gang_crd_schema(kind)
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def _validate_job_template(template: dict[str, Any]) -> None:
+    """A JobSet's replicated Job as a core Job (its pod template included)."""
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t"},
+           "spec": template["spec"]}
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+
+
 def validate_object(obj: dict[str, Any]) -> None:
     """Official schemas (strict) for core kinds; the CRD schema for PyTorchJob, whose pod
-    templates are also checked against the core PodTemplate schema."""
+    templates are also checked against the core PodTemplate schema; the pinned gang CRDs
+    for PodGroup, JobSet, TrainJob and ClusterTrainingRuntime (the Jobs inside as core Jobs)."""
+    if obj["kind"] in GANG_CRDS:
+        _gang_validator(obj["kind"]).validate(obj)
+        if obj["kind"] == "JobSet":
+            for rjob in obj["spec"]["replicatedJobs"]:
+                _validate_job_template(rjob["template"])
+        if obj["kind"] == "ClusterTrainingRuntime":
+            for rjob in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+                _validate_job_template(rjob["template"])
+        return
     if obj["kind"] == "PyTorchJob":
         jsonschema.validate(obj, _crd_schema())
         for replica in obj["spec"]["pytorchReplicaSpecs"].values():

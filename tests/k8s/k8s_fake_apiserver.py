@@ -1,7 +1,9 @@
 """A fake Kubernetes API server for contract tests of `disttrain.k8s.client`.
 
-It speaks just enough of the REST API (core/v1 pods, services, configmaps, PVCs and pod
-logs; batch/v1 jobs; kubeflow.org/v1 pytorchjobs) for the real `kubernetes` client to
+It speaks just enough of the REST API (core/v1 pods, services, configmaps, PVCs, events,
+pod logs, and the cluster-scoped nodes; batch/v1 jobs; kubeflow.org/v1 pytorchjobs; the
+gang kinds: JobSets, TrainJobs, PodGroups and the cluster-scoped ClusterTrainingRuntimes;
+pods of all namespaces) for the real `kubernetes` client to
 talk to it over HTTP on 127.0.0.1, keeps objects in memory, and records every request
 so tests can assert what the client asked for. A test double: never used by the library.
 """
@@ -22,11 +24,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 _PATH = re.compile(
-    r"^/(?P<prefix>api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))/namespaces/(?P<ns>[^/]+)"
+    r"^/(?P<prefix>api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?"
     r"/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?$")
 KINDS = {"pods": "Pod", "services": "Service", "configmaps": "ConfigMap",
          "persistentvolumeclaims": "PersistentVolumeClaim", "jobs": "Job",
-         "pytorchjobs": "PyTorchJob"}
+         "pytorchjobs": "PyTorchJob", "jobsets": "JobSet", "trainjobs": "TrainJob",
+         "podgroups": "PodGroup", "clustertrainingruntimes": "ClusterTrainingRuntime",
+         "events": "Event", "nodes": "Node"}
+CLUSTER_SCOPED = ("nodes", "clustertrainingruntimes")  # stored under namespace ""
 
 
 @dataclass
@@ -49,6 +55,7 @@ class FakeState:
     logs: dict[str, str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     crds: bool = True  # is the PyTorchJob CRD installed?
+    absent: set[str] = field(default_factory=set)  # plurals of CRDs not installed
     delete_lingers: int = 0  # GETs that still see an object after DELETE (finalizers)
     _lingering: dict[tuple[str, str, str], int] = field(default_factory=dict)
     version: int = 0
@@ -57,7 +64,8 @@ class FakeState:
         """Seed an object (e.g. a pod the Job controller would have made)."""
         plural = {v: k for k, v in KINDS.items()}[obj["kind"]]
         meta = obj["metadata"]
-        self.objects[(plural, meta.get("namespace", "default"), meta["name"])] = obj
+        ns = "" if plural in CLUSTER_SCOPED else meta.get("namespace", "default")
+        self.objects[(plural, ns, meta["name"])] = obj
 
     def writes(self) -> list[Request]:
         return [r for r in self.requests if r.method in ("POST", "PUT", "PATCH", "DELETE")]
@@ -123,7 +131,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._status(404, "NotFound", "the server could not find the requested "
                                                  "resource")
         plural, ns, name, sub = m.group("plural"), m.group("ns"), m.group("name"), m.group("sub")
-        if plural == "pytorchjobs" and not self.state.crds:
+        if (ns is None) != (plural in CLUSTER_SCOPED) and not (
+                plural == "pods" and name is None and req.method == "GET"):
+            return self._status(404, "NotFound", f"{plural} is not served at {req.path}")
+        ns = ns or ""
+        if (plural == "pytorchjobs" and not self.state.crds) or plural in self.state.absent:
             return self._status(404, "NotFound", "the server could not find the requested "
                                                  "resource")
         key = (plural, ns, name or "")
@@ -139,7 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
             sel = dict(p.split("=", 1) for p in
                        (req.query.get("labelSelector", [""])[0].split(",")) if "=" in p)
             items = [o for (pl, n, _), o in sorted(st.objects.items())
-                     if pl == plural and n == ns and all(
+                     if pl == plural and (n == ns or m.group("ns") is None) and all(
                          (o["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
             return self._send(200, {"kind": KINDS[plural] + "List", "apiVersion": "v1",
                                     "metadata": {"resourceVersion": str(st.version)},

@@ -127,6 +127,17 @@ GOLDEN_RENDERS: dict[str, list[str]] = {
                                 "--nnodes", "3", "--image", "registry.local/ml/train:1",
                                 "--gpus", "1", "--gpumem-percentage", "40",
                                 "--image-pull-secrets", "regcred"],
+    "jobset_2_nodes_queue.yaml": ["train.py", "--name", "ddp", "--kind", "jobset",
+                                  "--nnodes", "2", "--image", "registry.local/ml/train:1",
+                                  "--gpus", "1", "--gpumem", "12000", "--queue", "team-a",
+                                  "--max-restarts", "2"],
+    "trainjob_2_nodes_gang.yaml": ["train.py", "--name", "ddp", "--kind", "trainjob",
+                                   "--nnodes", "2", "--image", "registry.local/ml/train:1",
+                                   "--gpus", "1", "--gpumem", "12000", "--gang",
+                                   "coscheduling", "--runtime-class", "nvidia", "--volumes",
+                                   "[{name: models, pvc: nfs-modelscope, mount: /models, "
+                                   "read_only: true}, {name: data, pvc: nfs-training-data, "
+                                   "mount: /data}]"],
     "builtin_job_install.yaml": ["--name", "digits", "--kind", "job", "--nnodes", "2",
                                  "--nproc-per-node", "1", "--epochs", "3",
                                  "--image", "117.50.188.237:30000/pytorch/pytorch:2.1.0-"

@@ -168,14 +168,14 @@ def test_job_is_indexed_with_headless_service_and_rank0_dns(code_dir: Path) -> N
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
     pod = tmpl["spec"]
-    assert pod["subdomain"] == svc["metadata"]["name"] == "disttrain"
+    assert pod["subdomain"] == svc["metadata"]["name"] == "train"  # named after train.py
     cmd = pod["containers"][0]["args"]
     assert cmd[:2] == ["torchrun", "--nnodes=2"]
     assert "--rdzv_backend=c10d" in cmd
-    assert "--rdzv_endpoint=disttrain-0.disttrain:29500" in cmd  # pod 0's DNS name
+    assert "--rdzv_endpoint=train-0.train:29500" in cmd  # pod 0's DNS name
     assert "--node_rank=$(JOB_COMPLETION_INDEX)" in cmd
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    assert env["MASTER_ADDR"]["value"] == "disttrain-0.disttrain"
+    assert env["MASTER_ADDR"]["value"] == "train-0.train"
     assert "job-completion-index" in env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"][
         "fieldPath"]
     assert cmd[-1] == "/workspace/train.py"
@@ -194,7 +194,7 @@ def test_configmap_code_is_mounted_file_by_file_into_a_writable_workspace(code_d
     assert ctr["workingDir"] == "/workspace"
     vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
     assert vols["workspace"] == {"name": "workspace", "emptyDir": {}}
-    assert vols["code"]["configMap"]["name"] == "disttrain-code"
+    assert vols["code"]["configMap"]["name"] == "train-code"  # the script's stem (issue 25 item 8)
 
 
 def test_pytorchjob_master_worker_and_container_name(code_dir: Path) -> None:
@@ -219,8 +219,10 @@ def test_pytorchjob_elastic_uses_workers_only(code_dir: Path) -> None:
     job = _render("pytorchjob-elastic", code_dir).objects[-1]
     assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Worker"}
     assert job["spec"]["elasticPolicy"] == {"minReplicas": 1, "maxReplicas": 4,
-                                            "rdzvBackend": "c10d", "rdzvId": "disttrain",
-                                            "maxRestarts": 3}
+                                            "rdzvBackend": "c10d", "rdzvId": "train",
+                                            "maxRestarts": 3,
+                                            "rdzvConf": [{"key": "join_timeout",
+                                                          "value": "180"}]}
     assert "nProcPerNode" not in job["spec"]["elasticPolicy"]  # forbidden with nprocPerNode
 
 
@@ -290,14 +292,15 @@ def test_builtin_job_ships_its_spec_and_says_what_the_image_needs(code_dir: Path
     cm, pod = _render("pod-builtin-image", code_dir).objects
     assert list(cm["data"]) == ["job.yaml"]
     shipped = JobSpec.from_dict(yaml.safe_load(cm["data"]["job.yaml"]))
-    assert shipped.workload == "digits"
+    assert shipped.task == "disttrain.examples.digits:make_task" and shipped.name == "disttrain"
     ctr = pod["spec"]["containers"][0]
     assert ctr["args"][-4:] == ["-m", "disttrain.worker", "--spec", "/etc/disttrain/job.yaml"]
     assert {"name": "code", "mountPath": "/etc/disttrain/job.yaml", "subPath": "job.yaml",
             "readOnly": True} in ctr["volumeMounts"]
     assert pod["metadata"]["labels"]["disttrain.io/needs-disttrain"] == "true"
     assert "disttrain" in pod["metadata"]["annotations"]["disttrain.io/image-needs"]
-    assert "image needs: torch >= 2.1 and disttrain (built-in job" in to_yaml([pod])
+    assert ("image needs: torch >= 2.1 and disttrain (task disttrain.examples.digits:make_task"
+            in to_yaml([pod]))
 
 
 def test_builtin_job_with_hostpath_code_gets_the_spec_from_a_configmap(code_dir: Path) -> None:

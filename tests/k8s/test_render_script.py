@@ -61,7 +61,7 @@ def test_the_tutorial_script_ships_the_module_it_imports(tmp_path: Path) -> None
                             for name in ("multigpu_torchrun.py", "datautils.py")}
     assert not warnings  # torch, os, argparse: all in the image
     head = out.split("\n", 1)[0]
-    assert head == ("# ConfigMap disttrain-code -- ships: /workspace/multigpu_torchrun.py (the "
+    assert head == ("# ConfigMap multigpu-torchrun-code -- ships: /workspace/multigpu_torchrun.py (the "
                     "script), /workspace/datautils.py (imported by multigpu_torchrun.py)")
     (pod,) = [yaml.safe_load(d) for d in out.split("---\n") if "kind: Pod" in d]
     mounts = {m["mountPath"]: m.get("subPath") for m in pod["spec"]["containers"][0]["volumeMounts"]}

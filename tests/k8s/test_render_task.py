@@ -70,7 +70,7 @@ def test_the_module_its_package_imports_and_local_modules_are_shipped(task_dir: 
     assert pod["metadata"]["labels"]["disttrain.io/workload"] == "task"
     assert pod["metadata"]["labels"]["disttrain.io/needs-disttrain"] == "true"
     head = to_yaml([cm]).splitlines()[0]
-    assert head.startswith("# ConfigMap disttrain-code -- ships: /workspace/mytask.py (task "
+    assert head.startswith("# ConfigMap mytask-code -- ships: /workspace/mytask.py (task "
                            "mytask:make_task), ")
     assert "/workspace/helpers.py (imported by mytask.py)" in head
     assert "/workspace/blocks/mlp.py (package blocks, imported by mytask.py)" in head
@@ -91,16 +91,33 @@ def test_imports_are_followed_transitively_and_only_inside_task_dir(workdir: Pat
     assert sorted(cm["data"]) == ["a.py", "b.py", "c__deep.py", "c__sibling.py", "job.yaml", "os.py"]
 
 
-@pytest.mark.parametrize("ref", ["tasks.train:make_task", "tasks/train.py:make_task"])
-def test_a_module_in_a_package_ships_the_package_folder(workdir: Path, ref: str) -> None:
+def test_a_module_in_a_package_ships_the_package_folder(workdir: Path) -> None:
     (workdir / "tasks" / "models").mkdir(parents=True)
     (workdir / "tasks" / "train.py").write_text("from .models import net\n")
     (workdir / "tasks" / "models" / "net.py").write_text("")
     (workdir / "tasks" / "__pycache__").mkdir()
     (workdir / "tasks" / "__pycache__" / "stale.py").write_text("")
-    cm, pod = _shipped(render(_spec(ref), workdir).objects)
+    cm, pod = _shipped(render(_spec("tasks.train:make_task"), workdir).objects)
     assert sorted(cm["data"]) == ["job.yaml", "tasks__models__net.py", "tasks__train.py"]
     assert "/workspace/tasks/models/net.py" in _mounts(pod)
+
+
+@pytest.mark.parametrize("ref", ["../x/my_task.py:make_task", "{abs}/x/my_task.py:make_task"])
+def test_a_task_file_ships_from_its_own_folder(workdir: Path, ref: str) -> None:
+    """`--task ../x/my_task.py:fn` (or an absolute path): the file's folder is the task's
+    folder in the pod too, with the modules it imports from there (issue 25 item 9)."""
+    (workdir / "x").mkdir()
+    (workdir / "here").mkdir()
+    (workdir / "x" / "my_task.py").write_text("import helper\n")
+    (workdir / "x" / "helper.py").write_text("")
+    spec = _spec(ref.format(abs=workdir))
+    cm, _ = _shipped(render(spec, workdir / "here").objects)
+    assert sorted(cm["data"]) == ["helper.py", "job.yaml", "my_task.py"]
+    shipped = yaml.safe_load(cm["data"]["job.yaml"])
+    assert shipped["task"] == "my_task:make_task" and shipped["task_dir"] == "/workspace"
+    assert cm["metadata"]["name"] == "my-task-code"  # named after the task
+    with pytest.raises(SpecError, match="no such file"):
+        render(_spec("../x/nope.py:make_task"), workdir / "here")
 
 
 def test_a_package_wins_over_a_module_of_the_same_name(workdir: Path) -> None:

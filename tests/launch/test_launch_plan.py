@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from disttrain.distributed.process import threads_per_rank
-from disttrain.errors import LaunchError, PortTaken
+from disttrain.errors import FailureKind, LaunchError, PortTaken
 from disttrain.launch import launchers, plan
 from disttrain.launch.plan import LaunchPlan, launch_config, make_plan, worker_env
 from disttrain.launch.ports import free_port, listening, port_free
@@ -45,7 +45,7 @@ def test_several_nodes_rendezvous_with_c10d_at_the_endpoint():
     config = LaunchPlan(spec, 2).config("spawn")
     assert (config.min_nodes, config.max_nodes) == (2, 2) and config.rdzv_backend == "c10d"
     assert config.rdzv_endpoint == "10.0.0.1:29500" and config.run_id == "r1"
-    assert config.rdzv_configs == {"timeout": 300}
+    assert config.rdzv_configs == {"timeout": 300, "join_timeout": 180}  # rdzv_timeout_s
     spec = _spec(nnodes=2, rdzv_endpoint="head:1234")
     assert LaunchPlan(spec, 2).config("spawn").rdzv_endpoint == "head:1234"
 
@@ -148,7 +148,8 @@ def test_stalls_lead_the_log_and_name_killed_ranks():
     assert result.log_text == f"error: {stall.message}\nlog"
     assert sorted(result.failures) == [0, 1, 2] and result.failures[0].message == "waiting"
     assert result.failures[2] == RankFailure(stall.message, exitcode=-9, host="h", pid=12,
-                                             stalled=True)
+                                             kind=FailureKind.STALL)
+    assert result.failures[0].kind == FailureKind.CRASH   # waiting for it: not the stall
     ok = LaunchResult()
     launchers._add_stalls(ok, [stall])
     assert ok.failures == {} and ok.stalls == [stall.message]

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from disttrain.cli.main import cli
-from disttrain.monitor.live import PARTS
 from disttrain.monitor.report import fmt_value, load_report, plot_report, summary_tables
+from disttrain.train.phases import PHASES
 
 from .conftest import write_schema_run
 
@@ -37,7 +37,7 @@ def test_report_png_and_the_tables_figures_match_summary_json(schema_run: Path) 
     for r in summary["ranks"]:   # rank host device samples/s step data compute comm optim other
         row = lines[r["rank"]]
         assert row[1:3] == [r["host"], r["device"]]
-        assert row[3:] == [f"{r[k]:.1f}" for k in ("samples_per_s", "step_ms", *PARTS)]
+        assert row[3:] == [f"{r[k]:.1f}" for k in ("samples_per_s", "step_ms", *PHASES)]
     assert summary["straggler"]["message"].split(":")[0] in " ".join(text.split())
 
 

@@ -17,15 +17,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import REFERENCE_JOB, REFERENCE_STEPS, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.usefixtures("no_stray_workers")]
 
 # 2 epochs of digits on 2 ranks = 46 optimizer steps (23 per epoch); checkpoints at
 # steps 10, 20, 23 (epoch end), 30, 40, 46; the newest two are kept.
-COMMON = ("run", "--nproc-per-node", "2", "--epochs", "2", "--checkpoint-every-steps", "10",
-          "--master-port", "0")
-STEPS = 46
+COMMON = REFERENCE_JOB
+STEPS = REFERENCE_STEPS
 RANDOM_STEP = random.Random(int.from_bytes(os.urandom(4), "little")).randrange(2, STEPS)
 KILL_POINTS = [
     pytest.param("kill:rank=1:step=1", (), id="before-the-first-checkpoint"),
@@ -44,14 +43,9 @@ def _summary(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> str:
-    """params_sha256 of the run that never failed."""
-    cwd = tmp_path_factory.mktemp("reference")
-    res = run_cli(*COMMON, "--run-dir", "ref", cwd=cwd)
-    assert res.returncode == 0, res.stderr[-3000:]
-    summary = _summary(cwd / "ref")
-    assert summary["steps"] == STEPS
-    return summary["params_sha256"]
+def reference(digits_reference) -> str:
+    """params_sha256 of the run that never failed (the session's one, conftest.py)."""
+    return _summary(digits_reference)["params_sha256"]
 
 
 @pytest.mark.parametrize(("fault", "extra"), KILL_POINTS)

@@ -12,7 +12,7 @@ from disttrain.spec.job import JobSpec, field_index
 
 def test_defaults_are_the_main_job():
     spec = JobSpec()
-    assert spec.workload == "digits"
+    assert spec.task == "disttrain.examples.digits:make_task" and spec.name == "disttrain"
     assert spec.train.strategy == "ddp" and spec.train.epochs == 10
     assert spec.launch.nproc_per_node == "auto" and spec.launch.launcher == "torchrun"
     assert str(spec.run_dir) == "runs/disttrain"
@@ -133,7 +133,7 @@ def test_choice_lists_are_the_field_literals():
     from disttrain.spec.cluster import ClusterSpec
     from disttrain.spec.job import TrainSpec
 
-    assert typing.get_args(_strip_none(JobSpec.model_fields["example"])) == fields.EXAMPLES
+    assert typing.get_args(fields.Example) == fields.EXAMPLES
     assert typing.get_args(TrainSpec.model_fields["comm_hook"].annotation) == fields.COMM_HOOKS
     assert set(hami.WORKAROUNDS) == set(fields.VGPU_WORKAROUNDS)
     assert set(hami.NCCL_PRESETS) == set(fields.NCCL_PRESET_NAMES)
@@ -208,9 +208,14 @@ def test_spec_and_rules_import_no_torch():
     ({"task": "mytask:make_task", "script": "train.py"},
      "job.yaml: task: give either 'task' (a TrainTask the built-in Trainer trains) or 'script'"),
     ({"task": "mytask:make_task", "example": "digits"},
-     "job.yaml: task: give either 'task' (your TrainTask) or 'example' (a built-in job), not both"),
-    ({"task_args": {"hidden": 256}}, "job.yaml: task_args: they are the arguments of a task's function; "
-                                     "set 'task' (--task module:function) too"),
+     "job.yaml: task: give either 'task' (your TrainTask) or 'example' (a built-in job, short for "
+     "task: disttrain.examples.digits:make_task), not both"),
+    ({"script": "a.py", "task_args": {"hidden": 256}},
+     "job.yaml: task_args: they are the arguments of a task's function, and a script takes its own"),
+    ({"train": {"data_dir": "/x"}}, "job.yaml: train.data_dir: an example option is a task argument "
+                                    "now: write task_args: {data_dir: /x} (or --data-dir)"),
+    ({"example": "imagenet"}, "job.yaml: example: must be one of digits, mnist"),
+    ({"task": "x/my-task.py:make"}, "'my-task.py': a task file's name must be an importable module"),
     ({"task": "mytask"},
      "job.yaml: task: write it as module:function (e.g. mytask:make_task) (got 'mytask')"),
     ({"task": "my-task:make"}, "job.yaml: task: 'my-task' is not an importable module name"),
@@ -240,14 +245,33 @@ def test_task_spec_roundtrips_and_is_a_task_workload(tmp_path):
     spec = JobSpec.from_dict({"task": "tasks/my.py:make_task",
                               "task_args": {"hidden": 256, "sizes": [1, 2.5], "opts": {"a": None}},
                               "train": {"sync_batchnorm": True}})
-    assert spec.workload == "task" and spec.train.sync_batchnorm is True
+    assert spec.task == "tasks/my.py:make_task" and spec.train.sync_batchnorm is True
     f = tmp_path / "job.yaml"
     f.write_text(spec.to_yaml())
     assert JobSpec.from_yaml(f) == spec
-    assert JobSpec().workload == "digits" and JobSpec(script="a.py").workload == "script"
-    assert JobSpec(example="mnist").workload == "mnist" and JobSpec().train.sync_batchnorm is False
+    assert JobSpec(script="a.py").task is None and JobSpec().train.sync_batchnorm is False
     with pytest.raises(SpecError, match=r"task_args: d: must be a YAML/JSON value .* got date"):
         JobSpec.from_dict({"task": "m:f", "task_args": {"d": datetime.date(2024, 2, 1)}})
+
+
+def test_one_kind_of_job_and_names_from_the_task_or_script():
+    """Every Trainer job is a task reference: the old `example:` maps to its reference, an
+    old job.yaml's unset example fields still load, and an unnamed job is named after its
+    task or script (issue 25 item 8); the built-in default job keeps `disttrain`."""
+    assert JobSpec(example="mnist").task == "disttrain.examples.mnist:make_task"
+    assert JobSpec.from_dict({}, {"example": "seed002"}).task == "disttrain.examples.seed002:make_task"
+    assert JobSpec(example="chargpt").name == "chargpt"
+    assert JobSpec(task="disttrain.examples.digits:make_task").name == "digits"
+    assert JobSpec(task="/abs/x/my_task.py:make_task").name == "my-task"
+    assert JobSpec(task="pkg.mod:build_small").name == "mod-build-small"
+    assert JobSpec(script="dir/multigpu_torchrun.py").name == "multigpu-torchrun"
+    assert JobSpec(task="m:f", name="mine").name == "mine"
+    old_dump = {"example": None, "train": {"data_dir": None, "download": False, "num_samples": None,
+                                           "input_size": None, "hidden_size": 512, "epochs": 2}}
+    spec = JobSpec.from_dict(old_dump)
+    assert spec.task == "disttrain.examples.digits:make_task" and spec.train.epochs == 2
+    dumped = spec.model_dump()
+    assert "data_dir" not in dumped["train"] and "example" not in dumped
 
 
 def test_task_syntax_check_is_the_loaders():
@@ -256,7 +280,8 @@ def test_task_syntax_check_is_the_loaders():
     from disttrain.train.task import TaskError, parse_reference
 
     assert parse_task_reference("tasks/my.py:make") == parse_reference("tasks/my.py:make")
-    assert parse_task_reference("tasks/my.py:make") == ("tasks.my", "make")
+    assert parse_task_reference("tasks/my.py:make") == ("my", "make")  # its folder goes on the path
+    assert parse_task_reference("/abs/../x/my.py:make") == ("my", "make")
     assert parse_task_reference("pkg.mod:f") == ("pkg.mod", "f")
     for bad in ("nocolon", ":f", "m:", "m:1f", "a-b:f", "m:f.g"):
         with pytest.raises(ValueError):

@@ -13,7 +13,8 @@ import torch
 
 from disttrain import envvars
 from disttrain.testing import run_ranks, setup_for_test
-from disttrain.train.step_timing import KEYS, StepTimer
+from disttrain.train.phases import PHASES, STEP_KEYS
+from disttrain.train.step_timing import StepTimer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -24,11 +25,12 @@ def _fit(run_dir: str) -> dict:
     from disttrain.spec.job import JobSpec
     from disttrain.train.build import build_trainer
 
-    overrides = {"example": "synthetic", "num_samples": 128 * 2 * STEPS, "batch_size": 128,
-                 "epochs": 1, "max_steps": STEPS, "log_every_steps": EVERY,
+    data = {"task": "disttrain.examples.synthetic:make_task",
+            "task_args": {"num_samples": 128 * 2 * STEPS}}
+    overrides = {"batch_size": 128, "epochs": 1, "max_steps": STEPS, "log_every_steps": EVERY,
                  "checkpoint_every_epochs": 0, "run_dir": run_dir}
     with setup_for_test() as rt:
-        return build_trainer(JobSpec.from_dict({}, overrides), rt).fit()
+        return build_trainer(JobSpec.from_dict(data, overrides), rt).fit()
 
 
 def _run(tmp_path: Path, fault: str | None) -> tuple[dict, Path]:
@@ -48,8 +50,8 @@ def test_rank_with_three_times_the_compute_is_named_for_compute_and_files_follow
     # summary.json: one entry per rank, in rank order, with the schema's keys
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
     for r in summary["ranks"]:
-        assert {"rank", "host", "device", "samples_per_s", *KEYS} <= r.keys()
-        assert r["step_ms"] == pytest.approx(sum(r[k] for k in KEYS[1:]), abs=0.01)
+        assert {"rank", "host", "device", "samples_per_s", *STEP_KEYS} <= r.keys()
+        assert r["step_ms"] == pytest.approx(sum(r[k] for k in PHASES), abs=0.01)
     assert summary["ranks"][0]["comm_wait_ms"] > summary["ranks"][1]["comm_wait_ms"]  # rank 0 waits
     assert json.loads((run_dir / "summary.json").read_text())["straggler"] == v
     # metrics.jsonl: every train row of both ranks carries the breakdown, adding up
@@ -58,12 +60,12 @@ def test_rank_with_three_times_the_compute_is_named_for_compute_and_files_follow
     assert sorted({(r["rank"], r["step"]) for r in train}) == [
         (rank, s) for rank in (0, 1) for s in range(EVERY, STEPS + 1, EVERY)]
     for r in train:
-        assert r["step_ms"] == pytest.approx(sum(r[k] for k in KEYS[1:]), abs=0.01)
+        assert r["step_ms"] == pytest.approx(sum(r[k] for k in PHASES), abs=0.01)
     # live/: the last write of each rank says done; the live verdict was made during the run
     for rank in (0, 1):
         live = json.loads((run_dir / "live" / f"rank-{rank}.json").read_text())
         assert (live["rank"], live["world_size"], live["step"], live["done"]) == (rank, 2, STEPS, True)
-        assert {"host", "pid", "device", "epoch", "loss", "samples_per_s", "time", *KEYS} <= live.keys()
+        assert {"host", "pid", "device", "epoch", "loss", "samples_per_s", "time", *STEP_KEYS} <= live.keys()
     live_verdict = json.loads((run_dir / "live" / "straggler.json").read_text())
     assert (live_verdict["rank"], live_verdict["cause"]) == (1, "compute")
 
@@ -99,6 +101,6 @@ def test_cuda_path_times_with_events_read_once_per_interval():
         timer.optimizer_start()
         a.add_(1.0)
         timer.optimizer_end()
-    means = dict(zip(KEYS, timer.interval()))
+    means = timer.interval().as_dict()
     assert means["compute_ms"] > 0 and means["optimizer_ms"] > 0
-    assert means["step_ms"] == pytest.approx(sum(means[k] for k in KEYS[1:]), abs=0.01)
+    assert means["step_ms"] == pytest.approx(sum(means[k] for k in PHASES), abs=0.01)

@@ -1,5 +1,6 @@
 """The straggler verdict (`train/straggler.py`), the live window rule, the step timer's
-arithmetic, and the slowdown faults' syntax: one process, no process group."""
+arithmetic, the slowdown faults (syntax, and where they sleep), the HAMi identity and the
+telemetry owner's records and files (`train/telemetry.py`): one process, no process group."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disttrain.resilience.faults import Fault
-from disttrain.train.step_timing import KEYS, StepTimer, StragglerWatch
-from disttrain.train.straggler import find_straggler
+from disttrain.train.phases import PHASES, STEP_KEYS, StepTimes
+from disttrain.train.step_timing import StepTimer
+from disttrain.train.straggler import StragglerWatch, find_straggler
 
 
 def _rank(rank: int, data: float = 0.2, compute: float = 10.0, comm: float = 1.0,
@@ -107,13 +109,13 @@ def test_step_timer_phases_add_up_to_the_step():
         timer.optimizer_start()
         time.sleep(0.001)
         timer.optimizer_end()
-    means = dict(zip(KEYS, timer.interval()))
-    parts = sum(means[k] for k in KEYS[1:])
+    means = timer.interval().as_dict()
+    parts = sum(means[k] for k in PHASES)
     assert means["step_ms"] == pytest.approx(parts, abs=0.01)
     assert means["data_ms"] >= 4.0 and means["compute_ms"] >= 3.0
     assert means["comm_wait_ms"] >= 2.0 and means["optimizer_ms"] >= 1.0
-    assert timer.interval() == (0.0,) * len(KEYS)   # the next interval starts empty
-    assert timer.run_means()["compute_ms"] == means["compute_ms"]   # one interval: the run
+    assert timer.interval() == StepTimes()   # the next interval starts empty
+    assert timer.run_means().compute_ms == means["compute_ms"]   # one interval: the run
 
 
 def test_slowdown_faults_parse_and_failures_still_need_a_step():
@@ -132,16 +134,143 @@ def test_live_files_never_stop_training_when_the_run_dir_cannot_be_written(tmp_p
 
     import torch
 
-    from disttrain.train.step_timing import LiveStatus
+    from disttrain.train.telemetry import LiveStatus
 
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     rt = SimpleNamespace(rank=0, world_size=1, is_rank0=True, device=torch.device("cpu"))
     live = LiveStatus(rt, blocked)  # type: ignore[arg-type]
-    live.write(0, 5, 1.0, 10.0, (1.0,) * len(KEYS))
+    live.write(0, 5, 1.0, 10.0, StepTimes(*(1.0,) * len(STEP_KEYS)))
     live.done()
     assert not live.enabled and blocked.read_text() == "not a folder"
     assert capsys.readouterr().err.count("live status files off") == 1
     ok = LiveStatus(rt, tmp_path / "run")  # type: ignore[arg-type]
-    ok.write(0, 5, 1.0, 10.0, (1.0,) * len(KEYS))
+    ok.write(0, 5, 1.0, 10.0, StepTimes(*(1.0,) * len(STEP_KEYS)))
     assert (tmp_path / "run" / "live" / "rank-0.json").exists()
+
+
+def test_the_phase_list_is_one_list_for_every_writer_and_reader():
+    from disttrain.monitor import report, top
+
+    assert STEP_KEYS == ("step_ms", "data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms")
+    assert set(report.COLOURS) == set(report.SHORT) == set(top.COLOURS) == set(PHASES)
+    assert StepTimes(1.0, 2.0).as_dict() == {"step_ms": 1.0, "data_ms": 2.0, "compute_ms": 0.0,
+                                              "comm_wait_ms": 0.0, "optimizer_ms": 0.0, "other_ms": 0.0}
+
+
+def _sleeps(monkeypatch) -> list[float]:
+    from disttrain.resilience import faults
+
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    return slept
+
+
+def test_no_fault_installs_no_slowdown_and_a_fault_for_another_rank_neither(monkeypatch):
+    from disttrain import envvars
+    from disttrain.resilience.faults import Slowdown
+
+    monkeypatch.delenv(envvars.FAULT, raising=False)
+    timer = StepTimer()
+    assert Slowdown.install(timer, 0) is None and timer.delay_compute is None
+    monkeypatch.setenv(envvars.FAULT, "slow-compute:rank=1:factor=3")
+    assert Slowdown.install(timer, 0) is None and timer.delay_compute is None
+    monkeypatch.setenv(envvars.FAULT, "kill:rank=0:step=3")   # the heartbeat's, not the timer's
+    assert Slowdown.install(timer, 0) is None
+
+
+def test_slow_compute_sleeps_factor_minus_one_times_the_compute_without_its_own_sleep(monkeypatch):
+    from disttrain import envvars
+    from disttrain.resilience.faults import Slowdown
+
+    slept = _sleeps(monkeypatch)
+    monkeypatch.setenv(envvars.FAULT, "slow-compute:rank=1:factor=3:step=1")
+    timer = StepTimer()
+    slow = Slowdown.install(timer, 1)
+    assert slow is not None and timer.delay_compute == slow.delay_compute
+    slow.delay_compute(0.010)            # before step 1: nothing
+    timer.steps = 1
+    slow.delay_compute(0.010)            # 10 ms measured: sleeps 20 ms
+    slow.delay_compute(0.030)            # 30 ms measured, 20 of them its sleep: again 20 ms
+    assert slept == pytest.approx([0.020, 0.020])
+
+
+def test_slow_data_delays_each_batch_from_its_step_on(monkeypatch):
+    from disttrain import envvars
+    from disttrain.resilience.faults import Slowdown
+
+    slept = _sleeps(monkeypatch)
+    monkeypatch.setenv(envvars.FAULT, "slow-data:rank=0:ms=30:step=2")
+    timer = StepTimer()
+    slow = Slowdown.install(timer, 0)
+    assert slow is not None and timer.delay_compute is None
+    got = []
+    for item in slow.batches(range(4)):
+        got.append(item)
+        timer.steps += 1
+    assert got == [0, 1, 2, 3] and slept == pytest.approx([0.030, 0.030])
+
+
+def test_rank_identity_names_the_hami_limits_read_from_the_environment(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from disttrain import envvars
+    from disttrain.train.telemetry import rank_identity
+
+    rt = SimpleNamespace(rank=1, device=torch.device("cpu"))
+    monkeypatch.delenv(envvars.CUDA_DEVICE_SM_LIMIT, raising=False)
+    monkeypatch.delenv(envvars.CUDA_DEVICE_MEMORY_LIMIT, raising=False)
+    assert "limit" not in rank_identity(rt)  # type: ignore[arg-type]
+    monkeypatch.setenv(envvars.CUDA_DEVICE_SM_LIMIT, "30")
+    monkeypatch.setenv(f"{envvars.CUDA_DEVICE_MEMORY_LIMIT}_0", "4g")
+    assert rank_identity(rt)["limit"] == "HAMi CUDA_DEVICE_SM_LIMIT=30%, gpumem 4096 MiB"  # type: ignore[arg-type]
+    limits = envvars.hami_limits({"CUDA_DEVICE_MEMORY_LIMIT": "512m", "CUDA_DEVICE_SM_LIMIT": "x"})
+    assert (limits.sm_limit_percent, limits.default_memory_limit_mib) == (None, 512)
+
+
+def test_telemetry_writes_named_records_as_rows_and_the_live_file(tmp_path):
+    """One rank, no process group: the owner's records become metrics.jsonl rows with the
+    phase columns, the live file follows each logging step, and finish() gives the
+    summary's per-rank means."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    from disttrain.rundir import RunWriter
+    from disttrain.train.telemetry import StepTelemetry
+
+    rt = SimpleNamespace(rank=0, world_size=1, is_rank0=True, distributed=False,
+                         device=torch.device("cpu"), all_gather_object=lambda obj: [obj],
+                         print0=print)
+    writer = RunWriter(tmp_path)
+    tel = StepTelemetry()
+    tel.attach(rt, None, tmp_path, writer)  # type: ignore[arg-type]
+    timer = tel.timer
+    for i, _ in enumerate(tel.epoch(range(4), samples=0)):
+        timer.compute_start()
+        timer.compute_end()
+        timer.optimizer_start()
+        timer.optimizer_end()
+        if i % 2:
+            tel.log(0, i + 1, torch.tensor(0.5 * i), 0.1, samples=8 * (i + 1))
+    assert [r.step for r in tel.records] == [2, 4]
+    assert tel.records[0].times.step_ms >= 0 and tel.records[0].lr == 0.1
+    live = json.loads((tmp_path / "live" / "rank-0.json").read_text())
+    assert (live["step"], live["loss"], live["done"]) == (4, 1.5, False) and set(STEP_KEYS) <= live.keys()
+    tel.flush()
+    assert tel.records == []
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["split"], r["rank"], r["step"], r["loss"]) for r in rows] == [
+        ("train", 0, 2, 0.5), ("train", 0, 4, 1.5)]
+    assert all(list(r)[:7] == ["split", "rank", "epoch", "step", "loss", "lr", "samples_per_s"]
+               and tuple(list(r)[7:]) == STEP_KEYS for r in rows)
+    breakdown = tel.finish(samples_per_s=123.45)
+    assert breakdown["straggler"] is None
+    (mine,) = breakdown["ranks"]
+    assert mine["rank"] == 0 and mine["samples_per_s"] == 123.5 and set(STEP_KEYS) <= mine.keys()
+    tel.close()
+    writer.close()
+    assert json.loads((tmp_path / "live" / "rank-0.json").read_text())["done"] is True

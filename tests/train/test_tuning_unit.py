@@ -215,7 +215,7 @@ def test_run_info_is_the_summarys_first_keys_in_order():
 
 
 def test_builtin_accuracy_metric_is_a_sum_and_a_count():
-    from disttrain.examples.workload import accuracy
+    from disttrain.examples.classify import accuracy
 
     out = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
     y = torch.tensor([0, 1, 1])

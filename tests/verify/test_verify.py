@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from disttrain.cli import k8s_verify_cmd as cmd
 from disttrain.cli.verify_cmd import print_report
 from disttrain.cli.verify_cmd import verify as verify_cli
+from disttrain.k8s import render
 from disttrain.spec.job import JobSpec
 from disttrain.verify import runner as verify
 from disttrain.verify import verify_checks
@@ -138,7 +140,7 @@ def test_verify_job_spec_ships_this_file_in_a_configmap():
                                           "code": {"host_path": "/opt/code"}}},
                              {"backend": "nccl", "max_restarts": 2})
     v = verify.verify_job_spec(spec)
-    assert v.name == "mnist-ddp-verify" and v.example is None and v.workload == "script"
+    assert v.name == "mnist-ddp-verify" and v.task is None and v.task_args == {} and v.script
     assert Path(v.script).name == "verify_checks.py" and Path(v.script).is_file()
     assert v.args[:3] == ["--json", "--backend", "nccl"] and v.launch.max_restarts == 0
     assert v.cluster.code.configmap and v.cluster.code.host_path is None
@@ -149,7 +151,6 @@ def test_verify_job_spec_ships_this_file_in_a_configmap():
 
 
 def test_verify_job_spec_renders_without_disttrain_in_the_image():
-    render = pytest.importorskip("disttrain.k8s.render")
     spec = JobSpec.from_dict({"cluster": {"image": "reg/pytorch:2.1.0"}})
     rendered = render.render(verify.verify_job_spec(spec), base_dir=Path.cwd())
     text = json.dumps(rendered.objects)
@@ -186,7 +187,6 @@ class _FakeCluster:
 
 
 def test_verify_on_cluster_applies_follows_and_reads_the_verdict():
-    pytest.importorskip("disttrain.k8s.client")
     spec = JobSpec.from_dict({"name": "ddp", "cluster": {"image": "reg/pytorch:2.1.0"}})
     results = [CheckResult(c, r, not (c == "barrier" and r == 1), "d") for c in CHECKS for r in (0, 1)]
     cluster, shown = _FakeCluster("\n".join(verify.json_lines(results))), []
@@ -202,8 +202,7 @@ def test_verify_on_cluster_applies_follows_and_reads_the_verdict():
 
 
 def test_k8s_verify_command_prints_the_cluster_verdict(monkeypatch):
-    """Runs once `disttrain k8s verify` (disttrain.cli.k8s_verify_cmd) is in the tree."""
-    cmd = pytest.importorskip("disttrain.cli.k8s_verify_cmd")
+    """`disttrain k8s verify` (disttrain.cli.k8s_verify_cmd) on a fake cluster."""
     from disttrain.cli import k8s_common
 
     results = [CheckResult(c, r, not (c == "convergence" and r == 0), "d") for c in CHECKS for r in (0, 1)]

@@ -149,7 +149,7 @@ def run_trainer(b: TrainBench, nproc: int, run_dir: Path) -> dict[str, Any]:
     evaluated = summary.get("eval")
     return {"samples_per_s": sps, "first_step_s": summary.get("first_step_s"), "wall_s": wall,
             "final_loss": summary.get("final_loss"), "params_in_sync": summary.get("params_in_sync"),
-            "world_size": summary.get("world_size"),
+            "world_size": summary.get("world_size"), "comm_wait": summary.get("comm_wait"),
             "eval_loss": evaluated.get("loss") if isinstance(evaluated, dict) else None,
             "loss_curve": train_curve(run_dir / "metrics.jsonl")}
 
@@ -252,32 +252,48 @@ def find_plain_script(given: str | Path | None = None, name: str = "plain_ddp.py
 
 
 # -- the two benchmarks -------------------------------------------------------------
-def run_scaling(b: TrainBench, max_procs: int, rounds: int, out_dir: Path,
-                log: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_scaling(b: TrainBench, max_procs: int, rounds: int, out_dir: Path, log: Any = None,
+                plain_script: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Trainer samples/s at 1..max_procs processes; efficiency = thr(n) / (n thr(1)).
+
+    With `plain_script`, the plain loop runs beside it at each process count, interleaved
+    (its side first in odd rounds), so that both efficiencies come from the same minutes.
 
     Returns (one row per run, one summary row per process count).
     """
     rows: list[dict[str, Any]] = []
+    sides = ["trainer", "plain"] if plain_script is not None else ["trainer"]
     for rnd in range(rounds):
         order = list(range(1, max_procs + 1))
         for n in order if rnd % 2 == 0 else order[::-1]:
-            res = run_trainer(b, n, out_dir / f"runs/n{n}-r{rnd}")
-            rows.append({"round": rnd, "nproc": n, **res})
-            if log:
-                log(f"round {rnd + 1}/{rounds}: {n} proc: {res['samples_per_s']:,.0f} samples/s")
-    base = {r["round"]: r["samples_per_s"] for r in rows if r["nproc"] == 1}
-    summary = []
-    for n in range(1, max_procs + 1):
-        mine = [r for r in rows if r["nproc"] == n]
-        s = spread([r["samples_per_s"] for r in mine])
-        paired = spread([r["samples_per_s"] / (n * base[r["round"]]) for r in mine])
-        summary.append({"nproc": n, "workload": b.task or b.workload, "samples_per_s": s["median"],
-                        "samples_per_s_min": s["min"], "samples_per_s_max": s["max"],
-                        "efficiency": s["median"] / (n * spread(list(base.values()))["median"]),
-                        "efficiency_min": paired["min"], "efficiency_max": paired["max"],
-                        "rounds": len(mine)})
+            for side in sides if rnd % 2 == 0 else sides[::-1]:
+                if side == "trainer":
+                    res = run_trainer(b, n, out_dir / f"runs/n{n}-r{rnd}")
+                else:
+                    assert plain_script is not None
+                    res = run_plain(b, n, plain_script, out_dir / f"runs/plain-n{n}-r{rnd}.json")
+                rows.append({"round": rnd, "nproc": n, "side": side, **res})
+                if log:
+                    log(f"round {rnd + 1}/{rounds}: {n} proc: {side} "
+                        f"{res['samples_per_s']:,.0f} samples/s")
+    summary = [{"nproc": n, "workload": b.task or b.workload} for n in range(1, max_procs + 1)]
+    for side in sides:
+        mine = [r for r in rows if r["side"] == side]
+        prefix = "" if side == "trainer" else "plain_"
+        for row in summary:
+            row.update({prefix + k: v for k, v in _efficiency(mine, row["nproc"]).items()})
     return rows, summary
+
+
+def _efficiency(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Median samples/s at n processes and efficiency against 1 process (paired min..max)."""
+    base = {r["round"]: r["samples_per_s"] for r in rows if r["nproc"] == 1}
+    mine = [r for r in rows if r["nproc"] == n]
+    s = spread([r["samples_per_s"] for r in mine])
+    paired = spread([r["samples_per_s"] / (n * base[r["round"]]) for r in mine])
+    return {"samples_per_s": s["median"], "samples_per_s_min": s["min"], "samples_per_s_max": s["max"],
+            "efficiency": s["median"] / (n * spread(list(base.values()))["median"]),
+            "efficiency_min": paired["min"], "efficiency_max": paired["max"], "rounds": len(mine)}
 
 
 def run_overhead(b: TrainBench, plain_script: Path, rounds: int, out_dir: Path, nproc: int = 2,
@@ -301,6 +317,7 @@ def run_overhead(b: TrainBench, plain_script: Path, rounds: int, out_dir: Path, 
                "trainer_samples_per_s": t["samples_per_s"], "plain_samples_per_s": p["samples_per_s"],
                "trainer_first_step_s": t["first_step_s"], "plain_first_step_s": p["first_step_s"],
                "trainer_params_in_sync": t["params_in_sync"], "plain_params_in_sync": p["params_in_sync"],
+               "trainer_comm_wait": t.get("comm_wait"),
                "trainer_final_loss": t["final_loss"], "plain_final_loss": p["final_loss"],
                "trainer_eval_loss": t.get("eval_loss"), "plain_eval_loss": p.get("eval_loss"),
                "curves_agree": curves["agree"], "curve_late_gap": curves["late_gap"],

@@ -4,6 +4,7 @@
     disttrain bench scaling --max-procs 2
     disttrain bench scaling --example chargpt --steps 200
     disttrain bench overhead --rounds 5
+    disttrain bench overhead --rounds 3 --contend 2  # two busy processes on the same cores
     disttrain bench overhead --example chargpt      # a real model: a small GPT
     disttrain bench overhead --task mytask:make_task --task-args '{"hidden": 256}'
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import click
 
+from disttrain.bench.contend import contention
 from disttrain.cli.options import collect_overrides, fail, load_spec, spec_options
 
 _CTX = {"help_option_names": ["-h", "--help"]}
@@ -145,6 +147,9 @@ def _add_train_options(fn: Any, rounds: int) -> Any:
                      help="benchmark your TrainTask instead of an --example (docs/your-model.md)"),
         click.option("--task-args", default=None, metavar="JSON",
                      help="the task function's keyword arguments, a JSON object"),
+        click.option("--contend", type=click.IntRange(0, 64), default=0, show_default=True,
+                     metavar="N", help="N busy processes on the same cores for the whole benchmark "
+                     "(CPU contention, as in a pod on a shared node); stopped at its end"),
         click.option("--json", "as_json", is_flag=True, help="JSON objects instead of a table"),
         _run_dir_option,
     ]
@@ -198,32 +203,61 @@ def _log(as_json: bool) -> Any:
               default=None, help="built-in job to train (default synthetic)")
 @click.option("--max-procs", type=click.IntRange(1), default=None,
               help="largest process count (default: CPU cores)")
+@click.option("--plain/--no-plain", default=True, show_default=True,
+              help="run the plain DDP loop beside the Trainer at each count (its efficiency "
+              "from the same minutes)")
 @_train_options(rounds=3)
-def scaling(example: str | None, max_procs: int | None, **kw: Any) -> None:
-    """Trainer samples/s at 1..N processes and efficiency = thr(N) / (N x thr(1))."""
+def scaling(example: str | None, max_procs: int | None, plain: bool, **kw: Any) -> None:
+    """Trainer samples/s at 1..N processes and efficiency = thr(N) / (N x thr(1)), beside
+    the plain DDP loop's."""
     from disttrain.bench.common import new_run_dir, write_results
     from disttrain.bench.training import plot_scaling, run_scaling, settings
     from disttrain.errors import BenchError
 
     b = _train_bench(kw, example, overhead=False)
+    script = _plain_beside(b, plain)
     n_max = max_procs or len(os.sched_getaffinity(0))
     out = new_run_dir("scaling", kw["run_dir"])
     try:
-        rows, summary = run_scaling(b, n_max, kw["rounds"], out, log=_log(kw["as_json"]))
+        with contention(kw["contend"], limit_s=b.timeout_s * 4 * n_max * kw["rounds"]):
+            rows, summary = run_scaling(b, n_max, kw["rounds"], out, log=_log(kw["as_json"]),
+                                        plain_script=script)
     except BenchError as exc:
         click.echo(f"error: bench scaling failed: {exc}", err=True)
         raise click.exceptions.Exit(1) from None
-    write_results(out, "scaling", settings(b, max_procs=n_max, rounds=kw["rounds"]), rows, summary)
+    write_results(out, "scaling", settings(b, max_procs=n_max, rounds=kw["rounds"],
+                                           contend=kw["contend"],
+                                           plain_script=str(script) if script else None),
+                  rows, summary)
     png = plot_scaling(summary, out / "scaling.png")
     if kw["as_json"]:
         _echo_rows(summary)
         return
-    click.echo(f"{'procs':>5}  {'samples/s':>10}  {'min..max':>17}  {'efficiency':>10}")
+    beside = f"  {'plain':>10}  {'plain eff':>9}" if script else ""
+    click.echo(f"{'procs':>5}  {'samples/s':>10}  {'min..max':>17}  {'efficiency':>10}{beside}")
     for s in summary:
+        plain_cols = (f"  {s['plain_samples_per_s']:>10,.0f}  {s['plain_efficiency']:>9.2f}"
+                      if script else "")
         click.echo(f"{s['nproc']:>5}  {s['samples_per_s']:>10,.0f}  "
                    f"{s['samples_per_s_min']:>8,.0f}..{s['samples_per_s_max']:<8,.0f}  "
-                   f"{s['efficiency']:>10.2f}")
+                   f"{s['efficiency']:>10.2f}{plain_cols}")
+    if kw["contend"]:
+        click.echo(f"with {kw['contend']} busy process(es) on the same cores")
     click.echo(f"results: {out}/results.json, plot: {png}")
+
+
+def _plain_beside(b: Any, plain: bool) -> Path | None:
+    """The plain loop that scaling runs beside the Trainer (None: --no-plain, or a built-in
+    job that has none: digits and seed002, whose efficiency is then the Trainer's alone)."""
+    from disttrain.bench.training import SIMPLENET_PLAIN, find_plain_script
+    from disttrain.errors import BenchError
+
+    if not plain or (b.workload not in SIMPLENET_PLAIN and b.task_ref is None):
+        return None
+    try:
+        return find_plain_script(None, b.plain_script_name)
+    except BenchError as exc:
+        fail(f"{exc}; or give --no-plain")
 
 
 @bench.command(context_settings=_CTX)
@@ -254,13 +288,16 @@ def overhead(nproc: int, example: str | None, plain_script: str | None, plain_lo
         fail(str(exc))
     out = new_run_dir("overhead", kw["run_dir"])
     try:
-        rows, summary = run_overhead(b, script, kw["rounds"], out, nproc=nproc,
-                                     loader=plain_loader, log=_log(kw["as_json"]))
+        with contention(kw["contend"], limit_s=b.timeout_s * 2 * kw["rounds"]):
+            rows, summary = run_overhead(b, script, kw["rounds"], out, nproc=nproc,
+                                         loader=plain_loader, log=_log(kw["as_json"]))
+        summary["contend"] = kw["contend"]
     except BenchError as exc:
         click.echo(f"error: bench overhead failed: {exc}", err=True)
         raise click.exceptions.Exit(1) from None
     write_results(out, "overhead", settings(b, nproc=nproc, rounds=kw["rounds"],
-                                            plain_script=str(script), plain_loader=plain_loader),
+                                            plain_script=str(script), plain_loader=plain_loader,
+                                            contend=kw["contend"]),
                   rows, summary)
     png = plot_overhead(rows, out / "overhead.png")
     if kw["as_json"]:
@@ -269,10 +306,15 @@ def overhead(nproc: int, example: str | None, plain_script: str | None, plain_lo
     s = summary
     click.echo(f"Trainer / plain DDP samples/s: median {s['ratio_median']:.3f} "
                f"(min {s['ratio_min']:.3f} .. max {s['ratio_max']:.3f}) over {s['rounds']} rounds, "
-               f"{nproc} process{'es' if nproc != 1 else ''}")
+               f"{nproc} process{'es' if nproc != 1 else ''}"
+               + (f", {kw['contend']} busy process(es) beside" if kw["contend"] else ""))
     click.echo(f"medians: Trainer {s['trainer_samples_per_s']:,.0f}, plain "
                f"{s['plain_samples_per_s']:,.0f} samples/s; first step after "
                f"{s['trainer_first_step_s']} s vs {s['plain_first_step_s']} s")
+    waits = [r["trainer_comm_wait"] for r in rows if r.get("trainer_comm_wait")]
+    if waits:
+        click.echo(f"the Trainer's rank 0 waited for its all-reduce by "
+                   f"{', '.join(sorted({w.split(':')[0] for w in waits}))} ({waits[-1]})")
     if s["curves_agree"] is not None:
         click.echo(f"loss curves {'agree' if s['curves_agree'] else 'DIFFER'}: final loss Trainer "
                    f"{_num(s['trainer_final_loss'])}, plain {_num(s['plain_final_loss'])}; the later "

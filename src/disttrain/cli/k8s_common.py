@@ -63,18 +63,61 @@ def load_job(script: str | None, script_args: tuple[str, ...], spec_file: str | 
     return spec
 
 
-def render_or_fail(spec: Any, *, local: bool = False) -> Any:
-    """`render(spec)` with a SpecError as exit 2 and the render's warnings on stderr."""
-    from disttrain.errors import SpecError
+def no_plan_option(fn: Any) -> Any:
+    """--no-plan: render/apply without the memory plan's slice check (docs/memory.md)."""
+    return click.option("--no-plan", is_flag=True,
+                        help="skip the memory plan: the gpumem slice is not checked (and "
+                             "gpumem auto cannot be resolved)")(fn)
+
+
+def check_slice_or_fail(spec: Any, plan: bool, comments: list[str] | None = None) -> None:
+    """The memory plan's slice check (`disttrain.plan.gate`): a refusal is exit 2 with one
+    line before anything is rendered or applied; `gpumem: auto` becomes the planned MiB."""
+    from disttrain.plan.gate import check_slice
+
+    verdict = check_slice(spec, plan=plan)
+    if verdict.refusal:
+        fail(verdict.refusal)
+    for warning in verdict.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for note in verdict.notes:
+        click.echo(f"note: {note}", err=True)
+        if comments is not None:
+            comments.append(note)
+
+
+def render_or_fail(spec: Any, *, local: bool = False, plan: bool = True,
+                   comments: list[str] | None = None) -> Any:
+    """`render(spec)` with a SpecError as exit 2 and the render's warnings on stderr; before
+    it (not for the local emulation), the memory plan's check of the slice."""
     from disttrain.k8s.render import render
 
-    try:
-        rendered = render(spec, Path("."), local=local)
-    except SpecError as exc:
-        fail(str(exc))
+    if not local:
+        # The spec's own mistakes first (cheap, exit 2), then the plan (seconds).
+        _render_checked(render, _with_placeholder_gpumem(spec))
+        check_slice_or_fail(spec, plan, comments)
+    rendered = _render_checked(render, spec, local)
     for warning in rendered.warnings:
         click.echo(f"warning: {warning}", err=True)
     return rendered
+
+
+def _with_placeholder_gpumem(spec: Any) -> Any:
+    """`spec` with `gpumem: auto` replaced by a number, to render it before it is planned."""
+    if spec.cluster.gpumem != "auto":
+        return spec
+    probe = spec.model_copy(deep=True)
+    probe.cluster.gpumem = 1024
+    return probe
+
+
+def _render_checked(render: Any, spec: Any, local: bool = False) -> Any:
+    from disttrain.errors import SpecError
+
+    try:
+        return render(spec, Path("."), local=local)
+    except SpecError as exc:
+        fail(str(exc))
 
 
 def connect(kubeconfig: str | None, context: str | None) -> Any:
@@ -96,10 +139,15 @@ def cluster_error(exc: Exception) -> NoReturn:
 
 def on_cluster(kubeconfig: str | None, context: str | None, call: Callable[[Any], T]) -> T:
     """Connect, then return `call(cluster)`; a KubeError either way is one line, exit 1."""
+    cluster = connect(kubeconfig, context)
+    return on_cluster_call(cluster, lambda: call(cluster))
+
+
+def on_cluster_call(cluster: Any, call: Callable[[], T]) -> T:
+    """`call()` on a connected cluster; a KubeError is one line, exit 1."""
     from disttrain.errors import KubeError
 
-    cluster = connect(kubeconfig, context)
     try:
-        return call(cluster)
+        return call()
     except KubeError as exc:
         cluster_error(exc)

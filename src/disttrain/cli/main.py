@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "env": "disttrain.cli.env_cmd:env",
     "top": "disttrain.cli.top_cmd:top",
     "report": "disttrain.cli.report_cmd:report",
+    "plan": "disttrain.cli.plan_cmd:plan",
+    "finetune": "disttrain.cli.finetune_cmd:finetune",
 }
 
 HELP = {
@@ -39,6 +41,8 @@ HELP = {
     "env": "Print a copy-pasteable report of the environment.",
     "top": "Watch a running job's ranks live: samples/s, loss, step-time breakdown, straggler.",
     "report": "A finished run in pictures (report.png) and a table: loss, speed, straggler.",
+    "plan": "A job's GPU memory per rank and the HAMi slice (gpumem) to request, before launch.",
+    "finetune": "Fine-tune a pretrained LM from a local directory: LoRA or full, saved in HF format.",
 }
 
 

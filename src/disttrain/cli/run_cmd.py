@@ -1,6 +1,7 @@
 """`disttrain run`: the main job, a spec file, or a user script, on this machine.
 
     disttrain run                                   # SimpleNet on digits, DDP, 2 processes
+    disttrain run --example chargpt                 # = --task disttrain.examples.chargpt:make_task
     disttrain run -f job.yaml --epochs 3
     disttrain run --task mytask:make_task --task-args '{hidden: 256}'   # your TrainTask
     disttrain run train.py --nproc-per-node 2 -- --lr 0.01    # runs/train/run-N, every attempt kept
@@ -9,11 +10,7 @@
 from __future__ import annotations
 
 import contextlib
-import logging
-import re
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +33,6 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
     torchrun: SCRIPT takes the launch options, and its own arguments after `--`."""
     overrides = job_overrides(script, script_args, kwargs)
     spec = load_spec(spec_file, overrides)
-    if spec.task:
-        spec.task_dir = _task_dir(spec.task_dir, spec_file)
     if not dry_run:
         _prewarm(spec)
     if "master_port" in overrides or _file_sets_port(spec_file):
@@ -55,29 +50,22 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
 
 
 def _script_defaults(spec: Any) -> None:
-    """A script's own job name and run dir, so that runs of `a.py` and `b.py` never share
-    (and never delete) each other's logs: the name from the script's stem (DNS-1123)
-    unless one was given, and each attempt its own folder `<run dir>/run-N` (default run
-    dir `runs/<script stem>`; docs/your-model.md). Under `--launcher env` every rank is its
-    own `disttrain run`, so the run dir is used as it is (no attempt folder per rank)."""
+    """A script's own run dir, so that runs of `a.py` and `b.py` never share (and never
+    delete) each other's logs (the spec names the job after the script's stem): each
+    attempt its own folder `<run dir>/run-N` (default run dir `runs/<script stem>`;
+    docs/your-model.md). Under `--launcher env` every rank is its own `disttrain run`, so
+    the run dir is used as it is (no attempt folder per rank)."""
     from disttrain.rundir import next_attempt_dir
 
     stem = Path(spec.script).stem or "script"
-    if "name" not in spec.model_fields_set:
-        spec.name = _job_name(stem)
     base = Path(spec.train.run_dir or f"runs/{stem}")
     spec.train.run_dir = str(base if spec.launch.launcher == "env" else next_attempt_dir(base))
 
 
-def _job_name(stem: str) -> str:
-    """A DNS-1123 label from a script's stem: `multigpu_torchrun` -> `multigpu-torchrun`."""
-    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:63].rstrip("-")
-    return name or "script"
-
-
 def _prewarm(spec: Any) -> None:
     """Start the workers' warm fork server now, before this process imports torch, and
-    let it load the job's dataset once for all local workers (`disttrain.launch.forkserver_preload`)."""
+    let it load a built-in task's data once for all local workers
+    (`disttrain.launch.forkserver_preload`)."""
     if spec.launch.launcher != "torchrun" or spec.script:
         return
     import os
@@ -91,21 +79,11 @@ def _prewarm(spec: Any) -> None:
     for k, v in worker_env(spec, resolve_nproc(spec, gpus=0)).items():
         os.environ.setdefault(k, v)
 
-    cfg = spec.train
-    if spec.task:  # the task's data is the user's: each worker loads it through the task
-        prewarm_workers()
-        return
-    prewarm_workers({"workload": spec.workload, "data_dir": cfg.data_dir,
-                     "num_samples": cfg.num_samples, "input_size": cfg.input_size})
-
-
-def _task_dir(given: str | None, spec_file: str | None) -> str:
-    """Where the task's module is looked for first, as an absolute path: the spec file's
-    folder (a `task_dir` the file itself gives is relative to it), else the current folder.
-    It goes into the run dir's job.yaml, so every worker searches the same folder whatever
-    its working directory."""
-    base = Path(spec_file).resolve().parent if spec_file else Path.cwd()
-    return str((base / given).resolve() if given else base)
+    # A built-in task's warm hook loads its data once in the server (train/task.py). Only
+    # disttrain's own tasks: the server must never touch CUDA (its forks could not use a GPU
+    # then), which disttrain's modules keep to and a user's module need not.
+    own = spec.task.startswith("disttrain.")
+    prewarm_workers({"ref": spec.task, "args": spec.task_args} if own else None)
 
 
 def _file_sets_port(spec_file: str | None) -> bool:
@@ -120,7 +98,8 @@ def _file_sets_port(spec_file: str | None) -> bool:
 def _check_inputs(spec: Any) -> None:
     """Refuse, before any process starts, what would only fail inside every worker: the
     host rules (`disttrain.spec.rules.check_runnable`, which every rank applies again),
-    a script that cannot be read, missing MNIST files."""
+    a script that cannot be read, a task that cannot be built with its arguments (its
+    check: e.g. missing MNIST files)."""
     from disttrain.errors import DistEnvError, DisttrainError
     from disttrain.launch.devices import local_gpu_count
     from disttrain.spec.paths import check_readable_file
@@ -137,39 +116,41 @@ def _check_inputs(spec: Any) -> None:
         fail(f"--launcher env: {exc}")
     except DisttrainError as exc:
         fail(str(exc))
-    if spec.workload == "mnist" and not spec.train.download:
-        from disttrain.examples.datasets import DEFAULT_MNIST_DIR, find_mnist, mnist_candidates
-
-        root = Path(spec.train.data_dir or DEFAULT_MNIST_DIR)
-        if find_mnist(root) is None:
-            looked = ", ".join(str(p) for p in mnist_candidates(root))
-            fail(f"train.data_dir: MNIST IDX files not found in {looked}; put them there, "
-                 f"pass --data-dir DIR, or add --download")
 
 
 def _check_own_workers(spec: Any) -> None:
     """A script that starts its own workers (mp.spawn) must not be started once per rank:
     with several processes per node each would start its own set, and they would fight
-    over the script's port and hang (`disttrain.launch.own_workers`)."""
+    over the script's port and hang (`disttrain.launch.own_workers`). It runs as one
+    process (`nproc_per_node: auto` becomes 1), with plain python's environment and its
+    workers watched (`disttrain.resilience.spawned`)."""
     from disttrain.launch.argv import resolve_nproc
     from disttrain.launch.own_workers import own_workers
 
-    if spec.launch.launcher != "torchrun":
+    if spec.launch.launcher != "torchrun" or spec.launch.nnodes != 1:
+        return
+    found = own_workers(spec.script)
+    if not found:
+        return
+    where = ", ".join(f"{w.call} at line {w.line}" for w in found[:3])
+    if spec.launch.nproc_per_node == "auto":
+        spec.launch.nproc_per_node = 1
+        click.echo(f"note: {spec.script} starts its own workers ({where}): running it as one "
+                   f"process, as `python {spec.script}` would, with its workers watched", err=True)
         return
     nproc = resolve_nproc(spec)
-    found = own_workers(spec.script) if nproc > 1 else []
-    if found:
-        where = ", ".join(f"{w.call} at line {w.line}" for w in found[:3])
+    if nproc > 1:
         fail(f"script {spec.script} starts its own worker processes ({where}): with "
              f"{nproc} processes per node each copy would start its own and they would "
-             f"fight over its port; run it with --nproc-per-node 1 (one copy per node), or "
-             f"with plain python ({Path(sys.executable).name} {spec.script})")
+             f"fight over its port; run it with --nproc-per-node 1 (or leave the flag out): "
+             f"disttrain then starts it once, as `python {spec.script}` would, and watches "
+             f"the workers it spawns")
 
 
 def _check_task(spec: Any) -> None:
-    """Import the task's module and check `task_args` against its function's signature,
-    as the workers will (the same search path as `build_trainer`), without calling it:
-    a reference that does not resolve exits 2 before the run dir is touched."""
+    """Import the task's module, validate `task_args` against its function's signature and
+    run its check, as the workers will (the same search path as `build_trainer`), without
+    calling it: a reference that does not resolve exits 2 before the run dir is touched."""
     import os
 
     from disttrain.train.task import check_task
@@ -206,7 +187,8 @@ def _prepare_run_dir(spec: Any) -> Path:
 
             mark_latest(spec.run_dir)
             click.echo(f"note: this run's logs go to {spec.run_dir}/logs "
-                       f"({spec.run_dir.parent}/latest points to it)", err=True)
+                       f"({spec.run_dir.parent}/latest points to it); watch it with "
+                       f"`disttrain top {spec.run_dir}`", err=True)
         return path
     clear = not spec.train.resume and spec.run_dir.exists() and _owns_outputs(spec)
     return prepare_run_dir(spec.run_dir, spec.to_yaml(), clear=clear, note=click.echo)
@@ -247,10 +229,11 @@ def _run(spec: Any) -> int:
     clear_stop_record(spec.run_dir)
     started = time.time()
     try:
-        with _quiet_task_errors():
-            result = launch(spec, plan)
+        result = launch(spec, plan)
     except LaunchError as exc:
         fail(str(exc))
+    if spec.script and spec.launch.launcher == "torchrun":
+        _finish_script(spec, result.exit_code, time.time() - started)
     for note in result.notes:   # e.g. the port moved because it was taken at bind time
         click.echo(f"note: {note}", err=True)
     # SIGTERM / SIGINT (preemption, Ctrl-C): one line and EXIT_STOPPED when the ranks
@@ -261,15 +244,17 @@ def _run(spec: Any) -> int:
         click.echo(stopped[0], err=True)
         return stopped[1]
     if result.exit_code != 0:
-        task_error = _task_error(result.failures)
-        if task_error is not None:  # every rank raised it: the task's fault, said once
-            fail(task_error)
-        ckpt_error = _task_error(result.failures, _CHECKPOINT_ERROR)
-        if ckpt_error is not None:  # a checkpoint not written (a full disk): said once, exit 1
-            click.echo(f"error: {ckpt_error}", err=True)
-            return 1
-        _explain_failure(result)
+        return _report_failure(result)
     return result.exit_code
+
+
+def _finish_script(spec: Any, exit_code: int, wall_s: float) -> None:
+    """A script's ranks wrote live files (`monitor.script_live`): their rows become the run
+    dir's metrics.jsonl and summary.json, so `disttrain report` reads a script's run too."""
+    from disttrain.monitor.script_live import finish_script_run
+
+    with contextlib.suppress(OSError):
+        finish_script_run(spec.run_dir, exit_code, wall_s)
 
 
 def _resume_command() -> str:
@@ -283,46 +268,22 @@ def _resume_command() -> str:
     return shlex.join(["disttrain", *args])
 
 
-# How a TaskError reads in a failure record: "TaskError: ..." from torch's error file (the
-# type's bare name) and the `env` launcher, "disttrain.train.task.TaskError: ..." as the last
-# exception of mp.spawn's traceback text.
-_TASK_ERROR = re.compile(r"^(?:[\w.]*\.)?TaskError: ", re.MULTILINE)
-# A checkpoint the ranks could not write (train/checkpoint.py: every rank raises the writer's
-# message, e.g. a full disk with the path and the bytes needed and free).
-_CHECKPOINT_ERROR = re.compile(r"^(?:[\w.]*\.)?CheckpointError: ", re.MULTILINE)
+def _report_failure(result: Any) -> int:
+    """Say why the job failed and return the exit status, by the kind of the first rank that
+    really failed (typed where it was detected: `errors.OUTCOMES` is the one table). A kind
+    whose message says it all (the user's task: exit 2; a checkpoint not written: exit 1)
+    is said once, from that rank's record; any other gets the failed ranks and the
+    diagnosis of the logs (a stall's line leads it)."""
+    from disttrain.errors import OUTCOMES, FailureKind
 
-
-def _task_error(failures: dict[int, Any], pattern: re.Pattern[str] = _TASK_ERROR) -> str | None:
-    """The TaskError's (or `pattern`'s error's) message a worker failed with, from the lowest
-    failed rank's record (rank 0 when it failed), or None when the job failed for another reason."""
-    for rank in sorted(failures):
-        found = pattern.search(getattr(failures[rank], "message", "") or "")
-        if found:
-            return failures[rank].message[found.end():].strip()
-        if not _stopped(failures[rank]):
-            return None  # the first rank that really failed did not fail on the task
-    return None
-
-
-@contextlib.contextmanager
-def _quiet_task_errors() -> Iterator[None]:
-    """Keep torch's elastic agent from logging a worker's TaskError with the traceback of
-    disttrain's frames (it logs the first failed rank's exception): the message, printed
-    once by `_run`, is what the user needs; any other failure is logged as before."""
-    def keep(record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return exc is None or not (_TASK_ERROR.search(str(exc)) or _CHECKPOINT_ERROR.search(str(exc)))
-
-    agent_log = logging.getLogger(_AGENT_LOGGER)
-    agent_log.addFilter(keep)
-    try:
-        yield
-    finally:
-        agent_log.removeFilter(keep)
-
-
-# the logger of torch's agent that reports a failed worker process with its traceback
-_AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+    first = next((result.failures[r] for r in sorted(result.failures)
+                  if not _stopped(result.failures[r])), None)
+    outcome = OUTCOMES[first.kind if first is not None else FailureKind.CRASH]
+    if first is not None and first.record is not None and outcome.alone:
+        click.echo(f"error: {first.record.message}", err=True)
+    else:
+        _explain_failure(result)
+    return result.exit_code if outcome.exit_code is None else outcome.exit_code
 
 
 def _stopped(failure: Any) -> bool:

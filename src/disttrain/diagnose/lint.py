@@ -8,7 +8,7 @@
 
 The checklist of a correct DDP script, and the errors a wrong one ends in, turned into AST
 rules with stable ids: DT001-005 in rules_checklist.py, DT006-010 in rules_sync.py,
-DT011-018 in rules_pitfalls.py, DT019-022 in rules_scripts.py, registered through
+DT011-018 in rules_pitfalls.py, DT019-023 in rules_scripts.py, registered through
 lint_registry.py; see RULES and
 docs/troubleshooting.md. Nothing is executed and torch is not
 imported: linting answers in milliseconds on a laptop without GPUs. Rules prefer
@@ -90,7 +90,7 @@ def lint_source(source: str, path: str = "<string>", select: Iterable[str] | Non
     except (ValueError, RecursionError, MemoryError) as exc:
         raise LintError(f"{path}: cannot parse the script: {exc}") from None
     try:
-        found = _run_checks(ScriptInfo(tree, source), path, _wanted(select, ignore))
+        found = _run_checks(ScriptInfo(tree, source, path), path, _wanted(select, ignore))
     except RecursionError:
         raise LintError(f"{path}: the script is too deeply nested to analyse") from None
     silenced = _ignore_comments(source)

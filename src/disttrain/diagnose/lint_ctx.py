@@ -30,6 +30,7 @@ from disttrain.diagnose.lint_flow import (  # noqa: F401  (literal_str, keyword,
     keyword,
     literal_str,
 )
+from disttrain.pysource import dotted_name, import_aliases
 
 MODULE = "<module>"
 _RANKISH = re.compile(r"rank", re.IGNORECASE)
@@ -42,40 +43,13 @@ _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _INITS = ("init_process_group", "init_device_mesh")   # what creates the process group
 
 
-
-def import_aliases(nodes: list[ast.AST] | Iterator[ast.AST]) -> dict[str, str]:
-    """Local name -> the dotted path it stands for, from the absolute imports among `nodes`
-    (`import torch.multiprocessing as mp` -> mp: torch.multiprocessing; `import os.path` -> os)."""
-    aliases: dict[str, str] = {}
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                top = a.name.split(".")[0]
-                aliases[a.asname or top] = a.name if a.asname else top
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    return aliases
-
-
-def dotted_name(expr: ast.AST, aliases: dict[str, str]) -> str | None:
-    """`mp.spawn` -> `torch.multiprocessing.spawn` through `aliases`; None when `expr` is
-    not a Name/Attribute chain."""
-    parts: list[str] = []
-    while isinstance(expr, ast.Attribute):
-        parts.append(expr.attr)
-        expr = expr.value
-    if not isinstance(expr, ast.Name):
-        return None
-    parts.append(aliases.get(expr.id, expr.id))
-    return ".".join(reversed(parts))
-
 class ScriptInfo:
     """Facts about one parsed script, shared by all lint rules."""
 
-    def __init__(self, tree: ast.Module, source: str) -> None:
+    def __init__(self, tree: ast.Module, source: str, path: str | None = None) -> None:
         self.tree = tree
         self.source = source
+        self.path = path   # the script's file, for the local modules it imports (None: a string)
         self.nodes: list[ast.AST] = list(ast.walk(tree))   # walk once; rules reuse it
         self.parents: dict[ast.AST, ast.AST] = {}
         for node in self.nodes:
@@ -332,9 +306,11 @@ class ScriptInfo:
             "torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"))
 
     def looks_distributed(self) -> bool:
-        """Anything of torch.distributed, DDP/DataParallel, a sampler, RPC or a launcher: a
-        script `disttrain lint` has something to say about (model files are skipped)."""
-        if any(v.startswith(("torch.distributed", "torch.nn.parallel", "torch.multiprocessing"))
+        """Anything of torch.distributed, DDP/DataParallel, a sampler, RPC, a launcher or
+        Accelerate: a script `disttrain lint` has something to say about (model files are
+        skipped)."""
+        if any(v.startswith(("torch.distributed", "torch.nn.parallel", "torch.multiprocessing",
+                             "accelerate"))
                for v in self.aliases.values()):
             return True
         if any(True for _ in self.calls_to("DataParallel", "DistributedDataParallel",

@@ -62,7 +62,7 @@ def enrich(hit: Hit) -> dict[str, str]:
     f = dict(hit.fields)
     if hit.cause == "port_in_use" and "port" in f:
         f["port_txt"] = f" {f['port']}"
-    if hit.cause == "cuda_oom":
+    if hit.cause in ("cuda_oom", "gpu_slice_oom", "gpu_slice_too_small"):
         if "used" in f and "limit" in f:
             f["used"] = f"{int(f['used']) / 2**20:,.0f} MiB"
             f["limit"] = f"{int(f['limit']) / 2**20:,.0f} MiB"
@@ -81,9 +81,28 @@ def enrich(hit: Hit) -> dict[str, str]:
             f["title_suffix"] = f": {f['names'].strip()[:200]}"
         elif "indices" in f:
             f["title_suffix"] = f" (parameter indices {f['indices'].strip()[:100]})"
+    if hit.cause == "checkpoint_mismatch":
+        f["ckpt_detail"] = _checkpoint_detail(f)
     if hit.cause == "ddp_mark_ready_twice" and "param" in f:
         f["title_suffix"] = f"; parameter {f['param']}"
     return f
+
+
+def _checkpoint_detail(f: dict[str, str]) -> str:
+    """What differs, a few keys of each kind: torch's load_state_dict message, or the
+    difference disttrain's resume check already wrote."""
+    if "ckpt_diff" in f:
+        return f" ({f.get('ckpt', 'the checkpoint')}: {f['ckpt_diff'].strip()[:300]})"
+    parts = []
+    for field, what in (("missing", "missing from the checkpoint"),
+                        ("unexpected", "not in the model")):
+        if field in f:
+            keys = [k.strip().strip('"') for k in f[field].rstrip(". ").split(",") if k.strip()]
+            more = f", ... ({len(keys) - 3} more)" if len(keys) > 3 else ""
+            parts.append(f"{what}: {', '.join(keys[:3])}{more}")
+    if "mismatch" in f:
+        parts.append(f"{f['mismatch']}: checkpoint {f['saved']}, model {f['current']}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def tailor(hit: Hit, title: str, fix: str, ctx: JobContext) -> tuple[str, str]:

@@ -52,6 +52,14 @@ CAUSES: dict[str, tuple[str, str]] = {
         "DDP wraps it. Look for rank-dependent construction: a config read differently per "
         "rank, layers created under `if rank == 0`, different checkpoints, or random "
         "architecture choices without a shared seed."),
+    "checkpoint_mismatch": (
+        "the checkpoint was saved from another model{ckpt_detail}",
+        "The checkpoint being loaded belongs to a different model (other layers or sizes): "
+        "load a checkpoint of this model, or build the model the checkpoint was saved from. "
+        "With `disttrain run`: train this model into another run dir (--run-dir or --name) "
+        "or start without --resume. Keys that differ only by a 'module.' prefix come from "
+        "a DDP wrapper's state_dict: save `model.module.state_dict()` (disttrain lint's "
+        "DT017) or load into `model.module`."),
     "cuda_oom": (
         "GPU out of memory{detail}",
         "Lower the per-GPU batch size (keep the global batch with gradient accumulation), use "
@@ -131,7 +139,8 @@ CAUSES: dict[str, tuple[str, str]] = {
 
 FIELD_DEFAULTS = {"port": "$MASTER_PORT", "port_txt": "", "addr": "MASTER_ADDR", "detail": "",
                   "stragglers": "", "var": "NCCL_SOCKET_IFNAME", "ifname": "?",
-                  "exc_type": "Exception", "exc_msg": "", "where": "see the traceback"}
+                  "exc_type": "Exception", "exc_msg": "", "where": "see the traceback",
+                  "ckpt_detail": ""}
 
 
 # Texts that several signatures share.

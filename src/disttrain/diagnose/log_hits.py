@@ -68,6 +68,8 @@ _EXIT_NO_TRACE = re.compile(r"To enable traceback see|^<N/A>$|^$")
 _FRAMEWORK_CARRIERS = re.compile(r"^NCCL error|^NCCL communicator was aborted|ncclInternalError|"
                                  r"ncclInvalidUsage|ncclUnhandledCudaError")
 _LAUNCHER_FRAMES = re.compile(r"torch/distributed/(?:launch|run)\.py")
+# Causes a process's own exit produces after an error: never the explanation of that error.
+TEARDOWN = ("cpp_abort",)
 
 
 @dataclass
@@ -188,8 +190,15 @@ def _follow(hit: Hit, lines: list[Line]) -> None:
 
 def exception_hits(lines: list[Line], events: list[ExceptionEvent],
                    hits: list[Hit]) -> list[Hit]:
-    """A hit for each exception no signature explains: a framework cause, else the user's."""
-    explained = {h.line for h in hits} | {j for h in hits for j in h.extra}
+    """A hit for each exception no signature explains: a framework cause, else the user's.
+
+    A signature on the exception's line, or on the lines right after it (its message
+    continued, or wrapped by a terminal), explains it; the process's own teardown abort
+    right after it (`terminate called without an active exception`) never does: that is
+    the exception's consequence (`demote_consequences`), whatever prefixes the lines carry.
+    """
+    causes = [h for h in hits if h.cause not in TEARDOWN]
+    explained = {h.line for h in causes} | {j for h in causes for j in h.extra}
     out = []
     for ev in events:
         if WRAPPER_EXCEPTIONS.search(ev.type) or WRAPPER_MESSAGES.match(ev.message):
@@ -284,7 +293,7 @@ def demote_consequences(hits: list[Hit], lines: list[Line],
     raised = [(lines[ev.line].stream, lines[ev.line].rank, ev.line) for ev in events
               if not WRAPPER_EXCEPTIONS.search(ev.type)]
     for hit in hits:
-        if hit.cause != "cpp_abort":
+        if hit.cause not in TEARDOWN:
             continue
         stream = lines[hit.line].stream
         if any(at < hit.line and (s == stream or (r is not None and r == hit.rank)

@@ -246,7 +246,7 @@ def find_exceptions(lines: list[Line]) -> list[ExceptionEvent]:
     for i, line in enumerate(lines):
         key = line.stream
         text = line.text
-        if "Traceback (most recent call last):" in text:
+        if "Traceback (most recent call last" in text:   # "):" may be wrapped off
             open_tb[key] = ([], bool(re.match(r"^\s*traceback\s*:", text)))
             continue
         m = _FRAME.match(text) if "File \"" in text else None
@@ -269,11 +269,19 @@ def find_exceptions(lines: list[Line]) -> list[ExceptionEvent]:
     return events
 
 
+# disttrain's own modules, also from a source checkout (`src/disttrain/train/checkpoint.py`):
+# an error raised there names the user's input in its message, never a line to fix there.
+_DISTTRAIN_FRAME = re.compile(
+    r"/disttrain/(?:(?:train|distributed|launch|resilience|monitor|diagnose|spec|k8s|verify|"
+    r"bench|cli|examples|recipes)/\w+|worker|fit|testing|rundir|envvars)\.py$")
+
+
 def user_frame(event: ExceptionEvent) -> tuple[str, int, str, int] | None:
-    """The innermost frame in the user's own code (not torch, not the stdlib)."""
+    """The innermost frame in the user's own code (not torch, not the stdlib, not disttrain)."""
     for frame in reversed(event.frames):
         path = frame[0].replace("\\", "/")   # Windows paths read like POSIX ones
         if ("site-packages" in path or "dist-packages" in path or path.startswith("<")
+                or _DISTTRAIN_FRAME.search(path)
                 or re.search(r"/lib/python3\.?\d+/|^[A-Za-z]:/Python3\d+/Lib/", path,
                              re.IGNORECASE)):
             continue

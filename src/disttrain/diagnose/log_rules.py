@@ -1,7 +1,8 @@
 """The failure signatures `disttrain doctor logs` knows, and the line classes it needs.
 
 The signatures live by topic in `log_rules_net` (port, rendezvous, NCCL/gloo links,
-timeouts) and `log_rules_host` (GPUs, builds, memory, /dev/shm, DDP, dying ranks); their
+timeouts), `log_rules_hami` (a HAMi vGPU slice at its limit) and `log_rules_host` (GPUs,
+builds, memory, /dev/shm, DDP, dying ranks); their
 order here matters, because the first signature matching a line decides for that line:
 the most specific messages come first. tests/diagnose/logs/README.md says where each
 fixture's text came from.
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import re
 
-from disttrain.diagnose.log_causes import CAUSES, FIELD_DEFAULTS
+from disttrain.diagnose.log_causes import CAUSES as BASE_CAUSES
+from disttrain.diagnose.log_causes import FIELD_DEFAULTS
+from disttrain.diagnose.log_rules_hami import HAMI_CAUSES, HAMI_RULES
 from disttrain.diagnose.log_rules_host import DEATH_RULES, DEVICE_RULES
 from disttrain.diagnose.log_rules_net import NETWORK_RULES, PORT_RULES
 from disttrain.diagnose.log_signature import (
@@ -27,7 +30,10 @@ __all__ = ["CAUSES", "CONSEQUENCE", "FAILURE_SIGNAL", "FIELD_DEFAULTS", "LIKELY"
            "RANK", "ROOT", "SIGNATURES", "TRAINING_MARKER", "UNFILTERED",
            "WRAPPER_EXCEPTIONS", "WRAPPER_MESSAGES", "Signature", "leading_literals"]
 
-SIGNATURES: tuple[Signature, ...] = PORT_RULES + DEVICE_RULES + NETWORK_RULES + DEATH_RULES
+# HAMi's slice messages before the device rules: `Device N OOM` is the slice's, not the card's
+SIGNATURES: tuple[Signature, ...] = (PORT_RULES + HAMI_RULES + DEVICE_RULES + NETWORK_RULES
+                                     + DEATH_RULES)
+CAUSES: dict[str, tuple[str, str]] = {**BASE_CAUSES, **HAMI_CAUSES}
 
 NEEDLES: tuple[str, ...] = tuple(sorted({
     lit for s in SIGNATURES for lit in (leading_literals(s.pattern.pattern) or [])}))

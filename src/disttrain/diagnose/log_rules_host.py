@@ -166,6 +166,16 @@ DEVICE_RULES: tuple[Signature, ...] = (
     sig("ddp_model_mismatch", ROOT,
         r"DDP expects same model across all ranks|appears not to match (?:sizes|strides) of "
         r"the same param in process 0"),
+    # -- a checkpoint of another model: torch's Module.load_state_dict (nn/modules/module.py)
+    # and disttrain's own resume check (train/ckpt_compat.py) --------------------------------
+    sig("checkpoint_mismatch", ROOT,
+        r"Error\(s\) in loading state_dict for (?P<module>[\w.]+)|"
+        r"resume: (?P<ckpt>\S+) does not fit this model: (?P<ckpt_diff>.*?)(?:; it was saved|$)",
+        follow=(r"Missing key\(s\) in state_dict: (?P<missing>.*)",
+                r"Unexpected key\(s\) in state_dict: (?P<unexpected>.*)",
+                r"size mismatch for (?P<mismatch>[^:\s]+): copying a param with shape "
+                r"torch\.Size\((?P<saved>\[[^\]]*\])\) from checkpoint, the shape in current "
+                r"model is torch\.Size\((?P<current>\[[^\]]*\])\)")),
 )
 
 DEATH_RULES: tuple[Signature, ...] = (

@@ -46,6 +46,7 @@ from disttrain.diagnose.log_rules import (
     FIELD_DEFAULTS,
     TRAINING_MARKER,
 )
+from disttrain.diagnose.log_rules_hami import refine_for_hami
 
 __all__ = ["CAUSES", "Diagnosis", "diagnose", "format_diagnosis"]
 
@@ -136,6 +137,7 @@ def _diagnose(text: str) -> Diagnosis:
     roots = [r for r in records if r.root]
     root_ranks = {r.rank for r in roots if r.rank is not None}
     winner = select(hits, root_ranks)
+    refine_for_hami(winner, hits, [line.text for line in lines])   # the slice's OOM, not the card's
     return _build(winner, hits, lines, records, roots, grade(winner, hits, lines, root_ranks),
                   ctx)
 

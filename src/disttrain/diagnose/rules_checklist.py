@@ -9,6 +9,7 @@ import ast
 from collections.abc import Iterator
 
 from disttrain.diagnose.lint_ctx import ScriptInfo, argparse_default, keyword, literal_str
+from disttrain.diagnose.lint_locals import local_modules, overrides_print
 from disttrain.diagnose.lint_registry import Hit, rule, src
 
 
@@ -34,6 +35,23 @@ def _has_cpu_path(info: ScriptInfo) -> bool:
     return asks and cpu
 
 
+def _named_backend(info: ScriptInfo, call: ast.Call, given: ast.AST | None) -> ast.AST | None:
+    """`backend = "nccl"` then `init_process_group(backend=backend)`: the literal a name
+    holds when every assignment of it (in the call's function, else the module) gives that
+    one literal; None otherwise."""
+    if not isinstance(given, ast.Name):
+        return None
+    nodes = info.assignments.get(given.id, [])
+    scope = info.function_of(call)
+    values = [n for n in nodes if info.function_of(n) is scope] or [
+        n for n in nodes if info.function_of(n) is None]
+    if not values or not all(isinstance(n, ast.Assign) and literal_str(n.value) is not None
+                             for n in values):
+        return None
+    literals = {literal_str(n.value) for n in values}   # type: ignore[attr-defined]
+    return values[0].value if len(literals) == 1 else None   # type: ignore[attr-defined]
+
+
 @rule("DT002", "backend-device",
       "nccl backend in code that never uses a GPU or that also runs on CPU, or gloo in code "
       "that trains on GPUs",
@@ -41,7 +59,8 @@ def _has_cpu_path(info: ScriptInfo) -> bool:
       "'gloo', or let torchrun/disttrain pick (--backend auto).")
 def dt002(info: ScriptInfo) -> Iterator[Hit]:
     inits = list(info.calls_to("init_process_group"))
-    backends = {(literal_str(keyword(c, "backend", 0)) or "?").lower() for c in inits}
+    backends = {(literal_str(_named_backend(info, c, keyword(c, "backend", 0))
+                             or keyword(c, "backend", 0)) or "?").lower() for c in inits}
     if len(backends) > 1:
         return   # the backend is chosen per branch: each literal is a deliberate fallback
     for call in inits:
@@ -59,7 +78,14 @@ def dt002(info: ScriptInfo) -> Iterator[Hit]:
                    "Make the default follow the device: `default=None`, then `backend = "
                    'args.backend or ("nccl" if torch.cuda.is_available() else "gloo")`.')
             continue
-        backend = (literal_str(given) or "").lower()
+        named = _named_backend(info, call, given)
+        backend = (literal_str(named or given) or "").lower()
+        if named is not None and backend == "nccl" and _has_cpu_path(info):
+            yield (call, f'{src(given)} is "nccl" (line {named.lineno}), but the script also '
+                         f'has a CPU path (torch.cuda.is_available() ... "cpu"): on a machine '
+                         f'without GPUs init_process_group("nccl") fails before that path is '
+                         f'reached', _CPU_PATH_FIX)
+            continue
         if backend == "nccl" and not info.uses_gpu():
             yield (call, 'backend="nccl" but the script never puts a tensor on a GPU: NCCL '
                          'only moves CUDA tensors ("No backend type associated with device '
@@ -203,22 +229,50 @@ _DT004 = {
 }
 
 
+def _uses_accelerate(info: ScriptInfo) -> bool:
+    """An `accelerate.Accelerator()`: `accelerate launch` starts one process per device."""
+    return any(name.startswith("accelerate.") and name.endswith("Accelerator")
+               for name in map(info.call_name, info.calls))
+
+
+def _print_overridden(info: ScriptInfo) -> bool:
+    """`builtins.print` replaced by one that prints on rank 0 only (setup_for_distributed
+    of the vision codebases), in the script or in a local module it imports."""
+    return overrides_print(info.tree) or any(
+        overrides_print(tree) for tree in local_modules(info.path, info.tree))
+
+
+_ACCELERATE_PRINT_FIX = ("Use `accelerator.print(...)` (prints on the main process only) or "
+                         "guard it with `if accelerator.is_main_process:`.")
+
+
 @rule("DT004", "rank0-output",
       "saving, printing or logging without a rank-0 guard",
       "Wrap it in `if dist.get_rank() == 0:` (checklist: save and log only on rank 0).")
 def dt004(info: ScriptInfo) -> Iterator[Hit]:
-    if not info.is_distributed() or info.uses_rpc():
+    accelerate = _uses_accelerate(info)
+    if not (info.is_distributed() or accelerate) or info.uses_rpc():
         return   # an RPC program's ranks have roles: each reports its own work
+    print_once: bool | None = None   # read the local modules only when a print needs it
     for call in info.calls:
         kind = _output_kind(info, call)
         if kind is None or info.guarded(call) or info.in_except(call) \
                 or info.in_unused_function(call):
             continue
+        if kind == "log" and accelerate:
+            continue   # accelerate.logging's loggers log on the main process by default
+        if kind == "print":
+            if print_once is None:
+                print_once = _print_overridden(info)
+            if print_once:
+                continue   # the override prints once, on rank 0
         if kind != "save" and (info.spawn_parent(call) or info.before_process_group(call)):
             continue   # spawn's parent prints once; before init_process_group, no job yet
         if kind == "print" and _mentions_rank(info, call):
             continue   # per-rank messages are meant
         message, fix = _DT004[kind]
+        if kind == "print" and accelerate:
+            fix = _ACCELERATE_PRINT_FIX
         yield call, message.format(what=src(call.func) + "()"), fix
 
 

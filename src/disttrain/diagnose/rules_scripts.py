@@ -1,4 +1,5 @@
-"""Rules DT019-DT022: mistakes the real scripts of pytorch/examples showed (issue 16).
+"""Rules DT019-DT023: mistakes the real scripts of pytorch/examples showed (issue 16), and
+every rank on cuda:0 (issue 25).
 
 A split each rank draws differently, a CPU path where the model is never wrapped, a save
 guarded by the local rank in a job that may span nodes, and gradient clipping on scaled
@@ -127,12 +128,20 @@ def _to_memory(info: ScriptInfo, call: ast.Call) -> bool:
                for n in info.assignments.get(target.id, []))
 
 
-def _scaled_backward(info: ScriptInfo, node: ast.AST) -> bool:
-    """`scaler.scale(loss).backward()` inside `node`."""
+def _scaled_backward(node: ast.AST) -> ast.Call | None:
+    """The last `scaler.scale(loss).backward()` call inside `node`, or None."""
+    found = [n for n in ast.walk(node) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+             and isinstance(n.func.value, ast.Call)
+             and isinstance(n.func.value.func, ast.Attribute)
+             and n.func.value.func.attr == "scale"]
+    return max(found, key=lambda n: n.lineno) if found else None
+
+
+def _unscales(stmts: list[ast.stmt]) -> bool:
+    """A `scaler.unscale_(...)` call among `stmts`."""
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr == "backward" and isinstance(n.func.value, ast.Call)
-               and isinstance(n.func.value.func, ast.Attribute)
-               and n.func.value.func.attr == "scale" for n in ast.walk(node))
+               and n.func.attr == "unscale_" for s in stmts for n in ast.walk(s))
 
 
 @rule("DT022", "clip-scaled-grads",
@@ -141,29 +150,119 @@ def _scaled_backward(info: ScriptInfo, node: ast.AST) -> bool:
       "clipping; `scaler.step` then skips the second unscale (torch AMP docs, 'Gradient "
       "clipping').")
 def dt022(info: ScriptInfo) -> Iterator[Hit]:
+    """From the clip outwards, block by block, to the block that holds the scaled backward:
+    an unscale_ in any of those blocks before the path to the clip counts (`if clip:
+    scaler.unscale_(opt); clip_grad_norm_(...)` unscales in the clip's own block)."""
     for call in info.calls:
         name = info.call_name(call).split(".")[-1]
         if name not in ("clip_grad_norm_", "clip_grad_value_"):
             continue
         child: ast.AST = call
+        unscaled = False
         for anc in info.ancestors(call):
             block = next((getattr(anc, f) for f in ("body", "orelse", "finalbody")
                           if isinstance(getattr(anc, f, None), list) and child in getattr(anc, f)),
                          None)
             if block is not None:
                 before = block[:block.index(child)]
-                scaled = [i for i, s in enumerate(before) if _scaled_backward(info, s)]
-                if scaled:
-                    later = before[scaled[-1]:]
-                    if not any(True for s in later for n in ast.walk(s)
-                               if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                               and n.func.attr == "unscale_"):
+                backwards = [(i, b) for i, s in enumerate(before)
+                             if (b := _scaled_backward(s)) is not None]
+                if backwards:
+                    at, backward = backwards[-1]
+                    if not unscaled and not _unscales(before[at:]):
                         yield (call, f"{name}() clips the SCALED gradients (after "
-                                     f"scaler.scale(loss).backward(), line {before[scaled[-1]].lineno}"
+                                     f"scaler.scale(loss).backward(), line {backward.lineno}"
                                      f"): the threshold is compared with gradients multiplied by "
                                      f"the loss scale (65536 at start), so it clips far too hard "
                                      f"or never", None)
                     break
+                unscaled = unscaled or _unscales(before)
             if isinstance(anc, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 break
             child = anc
+
+
+# -- DT023 --------------------------------------------------------------------------------
+# What chooses a GPU per process: any of these and `.cuda()` means that process's GPU.
+_CHOOSERS = ("cuda.set_device", "set_device_index", "set_device_idx", "torch.cuda.device",
+             "xpu.set_device", "init_device_mesh")
+# libraries that bind each process to its device themselves
+_DEVICE_LIBS = ("accelerate.", "lightning.", "pytorch_lightning.", "transformers.")
+
+
+def _default_cuda(info: ScriptInfo, expr: ast.AST | None) -> bool:
+    """`"cuda"`, `torch.device("cuda")`, or a name only ever bound to one of them (or to
+    `"cuda" if ... else "cpu"`): the current device, which nobody set."""
+    if expr is None:
+        return False
+    if isinstance(expr, ast.Constant):
+        return expr.value == "cuda"
+    if isinstance(expr, ast.IfExp):
+        return _default_cuda(info, expr.body) or _default_cuda(info, expr.orelse)
+    if isinstance(expr, ast.Call):
+        return info.call_name(expr) == "torch.device" and len(expr.args) == 1 and \
+            not expr.keywords and _default_cuda(info, expr.args[0])
+    if isinstance(expr, ast.Name):
+        values = [n.value for n in info.assignments.get(expr.id, []) if isinstance(n, ast.Assign)]
+        return bool(values) and all(_default_cuda(info, v) for v in values)
+    return False
+
+
+def _chooses_device(info: ScriptInfo) -> bool:
+    """The script binds each process to a GPU somewhere, or names one by index."""
+    for call in info.calls:
+        name = info.call_name(call)
+        if any(name.endswith(c) for c in _CHOOSERS) or name.startswith(_DEVICE_LIBS) or any(
+                k.arg == "device_ids" for k in call.keywords):
+            return True
+        if name == "torch.device" and len(call.args) > 1:
+            return True   # torch.device("cuda", local_rank)
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and (
+                call.args or call.keywords):
+            return True   # .cuda(local_rank)
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "to" and call.args \
+                and (type(getattr(call.args[0], "value", None)) is int
+                     or info.is_rank_expr(call.args[0])):
+            return True   # .to(rank)
+    for node in info.nodes:
+        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+            else None
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(
+                node.values[0], ast.Constant):
+            text = str(node.values[0].value)
+        if text is not None and (text.startswith("cuda:") or text == "CUDA_VISIBLE_DEVICES"):
+            return True   # f"cuda:{local_rank}", or one visible GPU per process
+    return False
+
+
+def _default_device_uses(info: ScriptInfo) -> list[ast.Call]:
+    """`.cuda()`, `.to("cuda")`, `.to(device)` with device = torch.device("cuda"), ...:
+    moves to the current device."""
+    found = []
+    for call in info.calls:
+        func = call.func
+        if not isinstance(func, ast.Attribute):
+            continue
+        bare_cuda = func.attr == "cuda" and not call.args and not call.keywords
+        if bare_cuda or (func.attr == "to" and _default_cuda(info, keyword(call, "device", 0))):
+            found.append(call)
+    return found
+
+
+@rule("DT023", "default-cuda-device",
+      "every rank uses cuda:0: .cuda() / 'cuda' with no torch.cuda.set_device and no index",
+      "Bind each rank to its GPU before anything touches CUDA: `local_rank = "
+      "int(os.environ['LOCAL_RANK'])`, `torch.cuda.set_device(local_rank)` (then `.cuda()` and "
+      "'cuda' mean that GPU), and `DDP(model, device_ids=[local_rank])`.")
+def dt023(info: ScriptInfo) -> Iterator[Hit]:
+    if not info.is_distributed() or info.uses_rpc():
+        return
+    uses = _default_device_uses(info)
+    if not uses or _chooses_device(info):
+        return
+    first = min(uses, key=lambda c: c.lineno)
+    yield (first, f"{src(first)} moves to the current CUDA device, and nothing in the script "
+                  f"chooses one per rank (no torch.cuda.set_device, no device index): every "
+                  f"process of a node uses cuda:0, so with --nproc-per-node N the ranks share "
+                  f"GPU 0 (NCCL: Duplicate GPU detected, or GPU 0 runs out of memory while "
+                  f"the others idle)", None)

@@ -10,15 +10,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_LIMIT = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)\s*$")
-_UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+from disttrain import envvars
+
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
 
 
@@ -102,31 +101,22 @@ def nvml_gpu_count() -> int | None:
 # -- HAMi: the limits HAMi-core reads from the container's env (docs/cluster.md) ---------
 def parse_limit(value: str) -> int | None:
     """HAMi-core's CUDA_DEVICE_MEMORY_LIMIT syntax: N[k|m|g] (bare = bytes); 0 = none."""
-    m = _LIMIT.match(value or "")
-    if not m:
-        return None
-    return int(m.group(1)) * _UNIT[m.group(2).lower()]
+    return envvars.parse_memory_limit(value)
 
 
 def hami_limits(env: Mapping[str, str]) -> dict[str, Any]:
-    """The vGPU limits HAMi's device plugin injected into this container, if any."""
-    per_device: dict[int, int | None] = {}
-    for key, value in env.items():
-        m = re.fullmatch(r"CUDA_DEVICE_MEMORY_LIMIT_(\d+)", key)
-        if m:
-            per_device[int(m.group(1))] = parse_limit(value)
-    default = parse_limit(env["CUDA_DEVICE_MEMORY_LIMIT"]) \
-        if "CUDA_DEVICE_MEMORY_LIMIT" in env else None
-    sm = env.get("CUDA_DEVICE_SM_LIMIT")
-    sm_limit = int(sm) if sm and sm.strip().isdigit() else None
-    detected = bool(per_device or default is not None or sm is not None
+    """The vGPU limits HAMi's device plugin injected into this container, if any (read by
+    `envvars.hami_limits`, as the ranks read them for `disttrain top`)."""
+    limits = envvars.hami_limits(env)
+    default = envvars.parse_memory_limit(env.get(envvars.CUDA_DEVICE_MEMORY_LIMIT, ""))
+    detected = bool(limits.memory_limit_mib or default is not None
+                    or envvars.CUDA_DEVICE_SM_LIMIT in env
                     or "CUDA_DEVICE_MEMORY_SHARED_CACHE" in env or libvgpu_preloaded())
     return {
         "detected": detected,
-        "memory_limit_mib": {str(i): (b // 2**20 if b else None)
-                             for i, b in sorted(per_device.items())},
-        "default_memory_limit_mib": default // 2**20 if default else None,
-        "sm_limit_percent": sm_limit,
+        "memory_limit_mib": limits.memory_limit_mib,
+        "default_memory_limit_mib": limits.default_memory_limit_mib,
+        "sm_limit_percent": limits.sm_limit_percent,
         "isolation_disabled": env.get("CUDA_DISABLE_CONTROL", "").lower() == "true",
         "oversubscribe": env.get("CUDA_OVERSUBSCRIBE", "").lower() == "true",
     }

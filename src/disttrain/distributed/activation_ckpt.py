@@ -24,8 +24,15 @@ def enable_grad_ckpt(model: nn.Module) -> str:
         How it was enabled, for the run's notes.
     """
     if hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable()
-        return "gradient_checkpointing_enable()"
+        # Non-reentrant: transformers 4.x defaulted to reentrant, which under DDP with frozen
+        # weights (LoRA) fails "Expected to mark a variable ready only once" (peft#313,
+        # accelerate#2017); transformers 5 defaults to non-reentrant already.
+        try:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        except TypeError:   # a model whose switch takes no arguments
+            model.gradient_checkpointing_enable()
+        return "gradient_checkpointing_enable(use_reentrant=False)"
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,
     )

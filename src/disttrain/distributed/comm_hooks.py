@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from disttrain import envvars
+from disttrain.distributed.comm_wait import choose_wait, local_ranks_here
 from disttrain.errors import StrategyError
 from disttrain.spec.fields import COMM_HOOKS
 
@@ -49,6 +49,7 @@ class CommStats:
     total_calls: int = 0
     total_hook_calls: int = 0
     steps: int = 0
+    wait: str | None = None    # how the step's last all-reduce is awaited (comm_wait.WaitChoice)
     _inflight: int = field(default=0, repr=False)
     # Called when the hook gets a step's last bucket: all gradients are ready, so the
     # rest of backward is the wait for the all-reduce (train/step_timing.py splits there).
@@ -68,9 +69,12 @@ class CommStats:
 
     def summary(self) -> dict[str, Any]:
         """The summary.json entries (steady state: the last step that communicated)."""
-        return {"allreduce_bytes_per_step": self.last_bytes,
-                "allreduce_calls_per_step": self.last_calls,
-                "allreduce_bytes_mean": round(self.total_bytes / self.steps) if self.steps else 0}
+        out: dict[str, Any] = {
+            "allreduce_bytes_per_step": self.last_bytes, "allreduce_calls_per_step": self.last_calls,
+            "allreduce_bytes_mean": round(self.total_bytes / self.steps) if self.steps else 0}
+        if self.wait is not None:
+            out["comm_wait"] = self.wait
+        return out
 
 
 def _counting_all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -149,7 +153,8 @@ def yield_until_done(fut: torch.futures.Future) -> None:
     vCPU halt, and every one of the several thread hand-offs inside gloo then pays a
     wake-up. Polling happens only for the last bucket of a step, when backward has no
     compute left to overlap and the thread would block right after anyway; only for gloo
-    (CPU): NCCL's waits are on CUDA streams. `envvars.NO_COMM_POLL` turns it off.
+    (CPU): NCCL's waits are on CUDA streams; and only when a core is free for it
+    (`comm_wait.choose_wait`: under CPU contention it loses to blocking).
     """
     while not fut.done():
         os.sched_yield()
@@ -171,7 +176,9 @@ def register_comm_hook(model: Any, name: str, total_steps: int = 1000, rank: int
         total_steps: planned optimizer steps (sets PowerSGD's start iteration).
         rank: PowerSGD's matrix approximation rank.
         process_group: the group to reduce over (default: the whole world).
-        poll: wait for the step's last all-reduce with `yield_until_done` (gloo on CPU).
+        poll: the backend allows waiting for the step's last all-reduce with
+            `yield_until_done` (gloo on CPU); whether it does is `comm_wait.choose_wait`'s
+            call, made here once from the CPUs this rank may use and how busy they are.
 
     Returns:
         The CommStats that counts what the hook sends.
@@ -195,6 +202,8 @@ def register_comm_hook(model: Any, name: str, total_steps: int = 1000, rank: int
         hook = powerSGD_hook.powerSGD_hook
     else:
         raise StrategyError(f"unknown comm_hook {name!r}; choose one of {', '.join(COMM_HOOKS)}")
-    poll = poll and not envvars.flag(envvars.NO_COMM_POLL)
+    if poll:
+        choice = choose_wait(local_ranks_here(), torch.get_num_threads())
+        poll, stats.wait = choice.poll, choice.describe()
     model.register_comm_hook(state, counting(hook, stats, poll_last=poll))
     return stats

@@ -123,7 +123,12 @@ def _mesh(rt: Runtime, sharding: str) -> Any:
 
     shape = mesh_shape(rt.world_size, rt.env.local_world_size, sharding)
     names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
-    return init_device_mesh(rt.device.type, shape, mesh_dim_names=names)
+    # The mesh reads its rank table's values: made on real tensors also when the model is
+    # traced on fake ones (`disttrain plan`, plan/trace.py).
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return init_device_mesh(rt.device.type, shape, mesh_dim_names=names)
 
 
 def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",

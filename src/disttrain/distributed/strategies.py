@@ -149,7 +149,8 @@ def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None 
     """
     if strategy not in STRATEGIES:
         raise StrategyError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    model = model.to(rt.device)
+    if not any(p.is_meta for p in model.parameters()):  # on meta: FSDP2 shards it first, the
+        model = model.to(rt.device)                       # values come after (recipes/load_once.py)
     return STRATEGIES[strategy](model, rt, opts or WrapOptions())
 
 

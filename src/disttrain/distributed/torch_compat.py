@@ -85,7 +85,7 @@ def show(version: Version) -> str:
 def torch_needs(spec: JobSpec) -> list[Need]:
     """What `spec` needs from torch beyond disttrain's own floor, or [] for a user script
     (it runs under torchrun with whatever torch it was written for)."""
-    if spec.workload == "script":
+    if spec.script:
         return []
     cfg, out = spec.train, []
     if cfg.strategy == "fsdp":

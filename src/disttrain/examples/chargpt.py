@@ -85,12 +85,14 @@ class Block(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        # chunk and -1, not split(c) and c // heads: under tensor parallel this rank's qkv
+        # output holds its own heads only (`heads` is then the local count)
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=2)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                              dropout_p=self.dropout if self.training else 0.0)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.ln2(x))
 
 

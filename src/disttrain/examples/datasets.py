@@ -1,4 +1,4 @@
-"""The built-in workloads' datasets, all offline unless `--download`.
+"""The built-in tasks' datasets, all offline unless asked to download (`download`).
 
     data = load_dataset("digits")                   # scikit-learn's bundled digits
     data.train_x, data.train_y, data.test_x, data.test_y, data.num_classes

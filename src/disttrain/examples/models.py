@@ -47,10 +47,3 @@ class Seed002Net(nn.Sequential):
     def __init__(self, input_size: int = 1000, num_classes: int = 10):
         super().__init__(nn.Linear(input_size, num_classes))
 
-
-def build_model(workload: str, input_size: int, hidden_size: int = 512,
-                num_classes: int = 10) -> nn.Module:
-    """The model of a built-in workload: seed002's Linear, SimpleNet for the others."""
-    if workload == "seed002":
-        return Seed002Net(input_size, num_classes)
-    return SimpleNet(input_size, hidden_size, num_classes)

@@ -7,6 +7,16 @@ or on emulated hosts.
     client.py    apply / status / logs / delete (the only importer of `kubernetes`)
     local.py     run-local: the rendered pods in network namespaces
     logtee.py    print pods' log lines, keep each pod's tail (client and local)
+    workloads.py the multi-pod kinds: Indexed Job + Service, PyTorchJob, JobSet, TrainJob
+    gang.py      all pods or none: the Kueue queue label, the Coscheduling PodGroup
+    capacity.py  does the gang fit now: free HAMi slices per node
+    pending.py   why a pod is not running; the verdict of an incomplete rendezvous
+    install.py   `--install-disttrain` at pod start, keeping the image's torch
+    script_files.py  the files a shipped script reads and writes beside itself
+    output_place.py  is train.output_dir somewhere that outlives the pod
+    stopping.py  how a rendered pod stops when the cluster stops it (exit 75, resumable)
+    local_pods.py    the pods a cluster would create, as run-local runs them, over
+    netns.py     the emulated hosts (network namespaces on one bridge)
 
 Kept import-light on purpose: `disttrain k8s render` must work where the `kubernetes`
 client is not installed or no cluster is reachable.

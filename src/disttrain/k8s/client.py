@@ -31,14 +31,27 @@ from disttrain.errors import KubeError
 from disttrain.k8s import hami
 from disttrain.k8s.labels import ANNOTATION_RANK_OFFSET, ANNOTATION_RENDER_HASH, LABEL_JOB
 from disttrain.k8s.logtee import tee_tail
+from disttrain.k8s.pending import pending_reason, verdict_from_pods
+from disttrain.k8s.workloads import runtime_name
 from disttrain.spec.paths import check_readable_file, file_problem
 
 K3S_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
-WORKLOADS = ("Pod", "Job", "PyTorchJob")
+WORKLOADS = ("Pod", "Job", "PyTorchJob", "JobSet", "TrainJob")
 _TYPED = {"Pod": ("core", "pod"), "Service": ("core", "service"),
-          "ConfigMap": ("core", "config_map"),
+          "ConfigMap": ("core", "config_map"), "Event": ("core", "event"),
           "PersistentVolumeClaim": ("core", "persistent_volume_claim"), "Job": ("batch", "job")}
-_CUSTOM = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs")}
+_CUSTOM = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+           "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+           "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+           "ClusterTrainingRuntime": ("trainer.kubeflow.org", "v1alpha1",
+                                      "clustertrainingruntimes"),
+           "PodGroup": ("scheduling.x-k8s.io", "v1alpha1", "podgroups")}
+CLUSTER_SCOPED = ("ClusterTrainingRuntime",)  # ObjectRef namespace ""
+# what a missing CRD means (docs/cluster.md, "The kinds" and "All pods or none")
+_NEEDS = {"PyTorchJob": "the Kubeflow training operator (v1)",
+          "JobSet": "the JobSet controller (v0.12)", "TrainJob": "Kubeflow Trainer v2.3",
+          "ClusterTrainingRuntime": "Kubeflow Trainer v2.3",
+          "PodGroup": "the scheduler-plugins PodGroup CRD (Coscheduling)"}
 
 
 
@@ -71,6 +84,7 @@ class PodStatus:
     scheduler: str
     exit_code: int | None
     warnings: list[str] = field(default_factory=list)
+    pending: str | None = None  # 'Pending: 0/3 nodes are available: ...' (k8s/pending.py)
 
     @property
     def failed(self) -> bool:
@@ -83,6 +97,7 @@ class JobStatus:
     name: str
     workloads: list[str]  # e.g. ['Job/ddp: Complete']
     pods: list[PodStatus]
+    verdict: str | None = None  # 'k of N ranks arrived; missing: pod X (Pending: ...)'
 
 
 @dataclass
@@ -116,10 +131,13 @@ def find_kubeconfig(explicit: str | None = None) -> str:
 
 
 def job_refs(namespace: str, name: str) -> list[ObjectRef]:
-    """Every object `render` can make for job `name`, except PVCs (they hold data)."""
+    """Every object `render` can make for job `name`, except PVCs (they hold data); the
+    workloads first, so the gang objects they use go last."""
     return [*(ObjectRef(kind, namespace, name) for kind in WORKLOADS),
             ObjectRef("Service", namespace, name),
-            ObjectRef("ConfigMap", namespace, f"{name}-code")]
+            ObjectRef("ConfigMap", namespace, f"{name}-code"),
+            ObjectRef("PodGroup", namespace, name),
+            ObjectRef("ClusterTrainingRuntime", "", runtime_name(name, namespace))]
 
 
 def stamp(obj: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +150,8 @@ def stamp(obj: dict[str, Any]) -> dict[str, Any]:
 
 def ref_of(obj: dict[str, Any]) -> ObjectRef:
     meta = obj["metadata"]
-    return ObjectRef(obj["kind"], meta.get("namespace", "default"), meta["name"])
+    namespace = "" if obj["kind"] in CLUSTER_SCOPED else meta.get("namespace", "default")
+    return ObjectRef(obj["kind"], namespace, meta["name"])
 
 
 class Cluster:
@@ -168,7 +187,14 @@ class Cluster:
 
         kw["_preload_content"] = False
         try:
-            if kind in _CUSTOM:
+            if verb == "list_all":  # every Node, or the Pods of every namespace
+                resp = (self.core.list_node if kind == "Node"
+                        else self.core.list_pod_for_all_namespaces)(**kw)
+            elif kind in CLUSTER_SCOPED:
+                group, version, plural = _CUSTOM[kind]
+                method = getattr(self.custom, f"{verb}_cluster_custom_object")
+                resp = method(group, version, plural, *args, **kw)
+            elif kind in _CUSTOM:
                 group, version, plural = _CUSTOM[kind]
                 method = getattr(self.custom, f"{verb}_namespaced_custom_object")
                 resp = method(group, version, namespace, plural, *args, **kw)
@@ -196,8 +222,9 @@ class Cluster:
         ref = ref_of(obj)
         created = self._call(ref.kind, "create", ref.namespace, obj)
         if created is None:
-            crd = " (is the Kubeflow training operator installed?)" if ref.kind in _CUSTOM else ""
-            raise KubeError(f"creating {ref} in namespace {ref.namespace}: not found{crd}")
+            crd = f" (is {_NEEDS[ref.kind]} installed?)" if ref.kind in _NEEDS else ""
+            where = f" in namespace {ref.namespace}" if ref.namespace else ""
+            raise KubeError(f"creating {ref}{where}: not found{crd}")
         return created
 
     def delete(self, ref: ObjectRef, wait: bool = True) -> bool:
@@ -217,6 +244,10 @@ class Cluster:
     def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         found = self._call(kind, "list", namespace, label_selector=selector)
         return list((found or {}).get("items") or [])
+
+    def list_all(self, kind: str) -> list[dict[str, Any]]:
+        """Every Node, or every Pod of all namespaces (k8s/capacity.py reads HAMi's books)."""
+        return list((self._call(kind, "list_all", "") or {}).get("items") or [])
 
     def pod_log(self, namespace: str, pod: str, container: str | None,
                 follow: bool) -> Iterator[str]:
@@ -305,12 +336,22 @@ class Cluster:
             obj = self.get(ObjectRef(kind, namespace, name))
             if obj and _labels(obj).get(LABEL_JOB) == name and not _owned(obj):
                 workloads.append(f"{kind}/{name}: {_workload_state(obj)}")
-        pods = [_pod_status(p) for p in self.list("Pod", namespace, f"{LABEL_JOB}={name}")]
+        raw = self.list("Pod", namespace, f"{LABEL_JOB}={name}")
+        events = self._scheduling_events(namespace, raw)
+        pods = [_pod_status(p, events) for p in raw]
         if not workloads and not pods:
             raise KubeError(f"no disttrain job {name!r} in namespace {namespace} "
                             f"(looked for label {LABEL_JOB}={name})")
         pods.sort(key=lambda p: (_rank_key(p.rank), p.name))
-        return JobStatus(namespace, name, workloads, pods)
+        return JobStatus(namespace, name, workloads, pods, verdict_from_pods(raw, events))
+
+    def _scheduling_events(self, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The namespace's FailedScheduling events, read only when a pod is still Pending."""
+        if not any((p.get("status") or {}).get("phase") in (None, "Pending") for p in pods):
+            return []
+        found = self._call("Event", "list", namespace)
+        return [e for e in (found or {}).get("items") or []
+                if e.get("reason") == "FailedScheduling"]
 
     def logs(self, namespace: str, name: str, *, follow: bool, out: Callable[[str], None],
              wait_s: float = 600.0) -> list[PodLog]:
@@ -326,7 +367,7 @@ class Cluster:
             prefix = f"[rank {status.rank} {status.name}]"
             tail: list[str] = []
             if follow:
-                self._wait_started(namespace, status.name, wait_s)
+                self._wait_started(namespace, status.name, wait_s, selector)
             try:
                 tee_tail(self.pod_log(namespace, status.name, _container(pod), follow), prefix,
                          tail, lock, out)
@@ -366,11 +407,15 @@ class Cluster:
                 return pods
             time.sleep(self.poll_s)
 
-    def _wait_started(self, namespace: str, pod: str, wait_s: float) -> None:
+    def _wait_started(self, namespace: str, pod: str, wait_s: float, selector: str) -> None:
+        """Until `pod` runs; a pod still Pending when another of its job has failed (the
+        rendezvous deadline passed without it) is waited for no longer."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             have = self.get(ObjectRef("Pod", namespace, pod))
             if have is None or (have.get("status") or {}).get("phase") != "Pending":
+                return
+            if any(_pod_status(p).failed for p in self.list("Pod", namespace, selector)):
                 return
             time.sleep(self.poll_s)
 
@@ -397,7 +442,7 @@ def _rank_key(rank: str) -> tuple[int, str]:
     return (int(rank), "") if rank.isdigit() else (1 << 30, rank)
 
 
-def _pod_status(pod: dict[str, Any]) -> PodStatus:
+def _pod_status(pod: dict[str, Any], events: list[dict[str, Any]] | None = None) -> PodStatus:
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     status = pod.get("status") or {}
     labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
@@ -423,7 +468,8 @@ def _pod_status(pod: dict[str, Any]) -> PodStatus:
                      phase=status.get("phase") or "Unknown", restarts=restarts,
                      node=spec.get("nodeName") or "-", gpu=limits,
                      scheduler=spec.get("schedulerName") or "default-scheduler",
-                     exit_code=exit_code, warnings=hami.scheduler_warnings(pod))
+                     exit_code=exit_code, warnings=hami.scheduler_warnings(pod),
+                     pending=pending_reason(pod, events or []))
 
 
 def _workload_state(obj: dict[str, Any]) -> str:

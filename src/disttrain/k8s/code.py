@@ -24,7 +24,11 @@ A script gets the same treatment (`follow_imports`, one code path): the modules 
 packages in its folder that it imports, transitively (`from datautils import
 MyTrainDataset`, `from mingpt.model import GPT`), are shipped beside it, and an import that
 is neither shipped, nor the standard library, nor known to be in the image (k8s/install.py,
-`image_modules`) is named in a warning, since the pod would die with ModuleNotFoundError.
+`image_modules`, and what the official pytorch/pytorch images ship) is named in a warning,
+since the pod would die with ModuleNotFoundError. The files it execs or opens by a literal
+name beside it (`exec(open("configurator.py").read())`, `open("config.yaml")`) ship too,
+and what it saves into its working directory is named: it vanishes with the pod
+(k8s/script_files.py).
 Every text file ships as a readable block in `data`; one a YAML block cannot hold byte for
 byte (CRLF line ends, control characters) ships base64 in `binaryData`, with a note
 (docs/cluster.md, "What the ConfigMap ships").
@@ -32,7 +36,6 @@ byte (CRLF line ends, control characters) ships base64 in `binaryData`, with a n
 
 from __future__ import annotations
 
-import ast
 import base64
 import importlib.util
 import posixpath
@@ -42,8 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from disttrain.errors import CodeError
-from disttrain.k8s.install import image_modules
+from disttrain.k8s.install import image_modules, official_image_modules
 from disttrain.k8s.output import block_safe
+from disttrain.k8s.script_files import script_files
+from disttrain.pysource import optional_imports, parse_file, top_level_imports
 from disttrain.spec.cluster import ClusterSpec
 from disttrain.spec.fields import parse_task_reference
 from disttrain.spec.job import JobSpec
@@ -121,10 +126,18 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None,
                 f"--code '{{host_path: DIR}}' if it lives on the nodes"))
             root = local.parent
             script_in_pod = posixpath.join(code.mount, local.name)
-            shipped, outside = follow_imports([(local, "the script")], root, strict=False)
+            volumes = [v.mount for v in spec.cluster.volumes]
+            execs = script_files([(local, local.name)], root, code.mount, volumes).execs
+            shipped, outside = follow_imports([(local, "the script"), *execs], root,
+                                              strict=False)
             files += [_entry(path, rel, code.mount, why, label="script")
                       for path, (rel, why) in shipped.items()]
+            opened = script_files([(p, rel) for p, (rel, _) in shipped.items()], root,
+                                  code.mount, volumes)
+            files += [_entry(path, _relative(path, root), code.mount, why, label="script")
+                      for path, why in opened.reads]
             notes += outside_imports(outside, spec.cluster) if image_imports else []
+            notes += [n for n in opened.notes if image_imports or "vanish" not in n]
         if spec.task:
             root = task_folder(spec, base_dir)
             shipped, note = task_sources(spec.task, root)
@@ -143,7 +156,7 @@ def plan_code(spec: JobSpec, base_dir: Path, spec_text: str | None = None,
         script = PurePosixPath(spec.script)
         script_in_pod = str(script) if script.is_absolute() else posixpath.join(
             code.mount, str(script))
-    if spec.workload != "script":
+    if not spec.script:
         text = spec.to_yaml() if spec_text is None else spec_text
         files.append(CodeFile(SPEC_KEY, SPEC_PATH, text=text, why="the job spec"))
     _check_unique(files)
@@ -252,10 +265,12 @@ def follow_imports(start: list[tuple[Path, str]], root: Path, strict: bool = Tru
 def outside_imports(outside: dict[str, str], cluster: ClusterSpec) -> list[str]:
     """One warning per imported module that is neither shipped nor known to be in the image
     (`install.image_modules`: torch and what it requires, disttrain and its requirements
-    when the image has it)."""
+    when the image has it; `install.official_image_modules`: what an official
+    pytorch/pytorch image ships, torchvision and numpy among them)."""
     if not outside:
         return []
     known = image_modules(bool(cluster.image_has_disttrain or cluster.install_disttrain))
+    known |= official_image_modules(cluster.image)   # torchvision, numpy, PIL, yaml, ...
     image = cluster.image or "the image"
     return [f"script: {by} imports {name}, which is not in its folder and not known to be in "
             f"{image}; the pod fails with ModuleNotFoundError unless the image has it (build it "
@@ -294,9 +309,9 @@ def _python_files(path: Path) -> list[Path]:
 def _imported_names(path: Path, task_dir: Path, strict: bool = True) -> tuple[set[str], set[str]]:
     """The top-level names `path` imports absolutely (relative imports stay inside its
     package, which is shipped whole), and those of them imported only under a `try` that
-    catches ImportError (or any exception)."""
+    catches ImportError (or any exception): `disttrain.pysource`, which lint reads too."""
     try:
-        tree = ast.parse(path.read_bytes(), str(path))
+        tree = parse_file(path)
     except SyntaxError as exc:
         if not strict:
             return set(), set()
@@ -305,46 +320,7 @@ def _imported_names(path: Path, task_dir: Path, strict: bool = True) -> tuple[se
                         f"it") from None
     except (OSError, ValueError) as exc:
         raise CodeError(f"task: cannot read {path}: {exc}") from None
-    names, guarded = _imports(tree), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
-            guarded |= set().union(*(_imports(stmt) for stmt in node.body))
-    unguarded = set().union(set(), *(_imports(n) for n in _outside_guards(tree)))
-    return names, guarded - unguarded
-
-
-def _imports(tree: ast.AST) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.add(node.module.split(".")[0])
-    return names
-
-
-def _catches_import_error(handler: ast.ExceptHandler) -> bool:
-    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(k is None or (isinstance(k, ast.Name) and k.id in (
-        "ImportError", "ModuleNotFoundError", "Exception", "BaseException")) for k in kinds)
-
-
-def _outside_guards(tree: ast.AST) -> list[ast.stmt]:
-    """The import statements not inside a guarding try body."""
-    found: list[ast.stmt] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
-            for child in [*node.handlers, *node.orelse, *node.finalbody]:
-                visit(child)
-            return
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return found
+    return top_level_imports(tree), optional_imports(tree)
 
 
 def _installed(name: str) -> str | None:

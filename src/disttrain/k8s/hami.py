@@ -99,6 +99,10 @@ def hami_resources(cluster: ClusterSpec) -> dict[str, str]:
     if cluster.gpus < 1:
         return {}
     out = {GPU: str(cluster.gpus)}
+    if cluster.gpumem == "auto":   # `disttrain k8s render/apply` put the plan's number here
+        raise SpecError("cluster.gpumem auto: the request comes from the memory plan, which "
+                        "`disttrain k8s render/apply` make (plan.gate.resolve_gpumem); give a "
+                        "number of MiB to render without it")
     if cluster.gpumem is not None:
         out[GPUMEM] = str(cluster.gpumem)
     if cluster.gpumem_percentage is not None:

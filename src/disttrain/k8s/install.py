@@ -60,6 +60,31 @@ def install_setup(c: ClusterSpec) -> str:
 # may not be there: nothing here can know, so render warns about it.
 IMAGE_HAS = ("torch",)
 WITH_DISTTRAIN = ("disttrain",)
+# What the official pytorch/pytorch images (and registry mirrors of them: the guide's
+# <registry>/pytorch/pytorch:2.1.0-cuda12.1-cudnn8-runtime) ship, as top-level modules,
+# read from pytorch/pytorch's Dockerfile: its `official` stage copies the conda tree that
+# installs python with `cmake conda-build pyyaml numpy ipython`, `pip install -r
+# requirements.txt` (pytorch's own: astunparse, expecttest, hypothesis, numpy, psutil,
+# pyyaml, requests, setuptools, typing-extensions, sympy, filelock, networkx, jinja2,
+# fsspec), `torch torchvision torchaudio`, and `pip install torchelastic`; with what those
+# bring (pillow for torchvision, requests' and jinja2's, IPython's, sympy's mpmath).
+OFFICIAL_PYTORCH_MODULES = frozenset({
+    "torch", "torchvision", "torchaudio", "torchelastic", "numpy", "yaml", "IPython",
+    "conda", "conda_build", "astunparse", "expecttest", "hypothesis", "psutil", "requests",
+    "setuptools", "pkg_resources", "typing_extensions", "sympy", "mpmath", "filelock",
+    "networkx", "jinja2", "markupsafe", "fsspec", "PIL", "urllib3", "idna", "certifi",
+    "charset_normalizer", "pygments", "traitlets", "attr", "attrs", "sortedcontainers"})
+
+
+def official_image_modules(image: str | None) -> frozenset[str]:
+    """The modules an official pytorch/pytorch image (or a mirror of it: any registry, the
+    repository path ending in pytorch/pytorch) is known to ship; empty for other images."""
+    name = (image or "").split("@")[0]   # a digest
+    repo, colon, tag = name.rpartition(":")
+    if colon and "/" not in tag:   # a tag, not a registry's port
+        name = repo
+    official = name == "pytorch/pytorch" or name.endswith("/pytorch/pytorch")
+    return OFFICIAL_PYTORCH_MODULES if official else frozenset()
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 

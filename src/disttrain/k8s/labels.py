@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from disttrain.spec.job import JobSpec
 
 LABEL_JOB = "disttrain.io/job"  # the job's name on every object: what status/logs/delete select
-LABEL_KIND = "disttrain.io/kind"  # pod | job | pytorchjob
-LABEL_WORKLOAD = "disttrain.io/workload"  # the built-in example, "task" or "script"
+LABEL_KIND = "disttrain.io/kind"  # pod | job | pytorchjob | jobset | trainjob
+LABEL_WORKLOAD = "disttrain.io/workload"  # the job's kind: "task" or "script"
 LABEL_NEEDS_DISTTRAIN = "disttrain.io/needs-disttrain"  # "true" when the pod runs disttrain.worker
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 
@@ -40,6 +40,8 @@ def pod_name_hosts(spec: JobSpec) -> list[str]:
         return [name]
     if kind == "job":
         return [f"{name}-{i}" for i in range(n)]
+    if kind in ("jobset", "trainjob"):  # <jobset>-<replicatedJob>-<jobIndex>-<podIndex>
+        return [f"{name}-node-0-{i}" for i in range(n)]
     if spec.cluster.elastic_nodes:
         return [f"{name}-worker-{i}" for i in range(n)]
     return [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(n - 1)]

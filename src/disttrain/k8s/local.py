@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -38,30 +37,17 @@ import yaml
 from disttrain import envvars
 from disttrain.errors import LocalRunError
 from disttrain.k8s.code import SPEC_PATH
+from disttrain.k8s.local_pods import LocalPod, expand, local_pods
 from disttrain.k8s.logtee import tee_tail
-from disttrain.k8s.netns import check_host, network, pod_address
+from disttrain.k8s.netns import check_host, network
+from disttrain.k8s.pending import PodArrival, nproc_of, rendezvous_verdict
 from disttrain.k8s.render import render
 from disttrain.spec.job import JobSpec
 from disttrain.spec.paths import is_directory
 
-_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+__all__ = ["LocalPod", "LocalResult", "expand", "local_pods", "run_local"]
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER")
 
-
-
-@dataclass(frozen=True)
-class LocalPod:
-    """One pod as run-local runs it."""
-
-    name: str
-    hostname: str
-    aliases: tuple[str, ...]  # DNS names that resolve to this pod, canonical first
-    address: str
-    argv: tuple[str, ...]  # container command, $(VAR)-expanded, container paths
-    env: dict[str, str]
-    working_dir: str | None
-    mounts: tuple[dict[str, Any], ...]
-    volumes: dict[str, dict[str, Any]]
 
 
 @dataclass
@@ -70,6 +56,7 @@ class LocalResult:
     logs: dict[str, str] = field(default_factory=dict)
     timed_out: bool = False
     lost: dict[str, str] = field(default_factory=dict)  # pod -> `lost_host_line`
+    verdict: str | None = None  # k of N ranks arrived; missing: pod X (...) (k8s/pending.py)
 
     @property
     def exit_code(self) -> int:
@@ -80,98 +67,6 @@ class LocalResult:
     @property
     def failed(self) -> list[str]:
         return [p for p, c in self.exit_codes.items() if c != 0]
-
-
-def expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes `$(VAR)` expansion: known names are replaced, `$$` is a literal `$`."""
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return _VAR.sub(sub, text)
-
-
-def local_pods(objects: list[dict[str, Any]], spec: JobSpec) -> list[LocalPod]:
-    """The pods the cluster would create from `objects`, with their env resolved."""
-    pods: list[LocalPod] = []
-    ns = spec.cluster.namespace
-    for obj in objects:
-        if obj["kind"] == "Pod":
-            pods.append(_pod(obj["spec"], obj["metadata"]["name"], [], len(pods), {}))
-        elif obj["kind"] == "Job":
-            svc = obj["spec"]["template"]["spec"].get("subdomain")
-            for i in range(int(obj["spec"]["completions"])):
-                host = f"{obj['metadata']['name']}-{i}"
-                aliases = [f"{host}.{svc}.{ns}.svc.cluster.local", f"{host}.{svc}"] if svc else []
-                pods.append(_pod(obj["spec"]["template"]["spec"], host, aliases, len(pods),
-                                 {"index": str(i)}))
-        elif obj["kind"] == "PyTorchJob":
-            pods += _pytorchjob_pods(obj, ns, start=len(pods))
-    if not pods:
-        raise LocalRunError("the rendered objects hold no pod to run")
-    return pods
-
-
-def _pytorchjob_pods(obj: dict[str, Any], ns: str, start: int) -> list[LocalPod]:
-    """Emulate the training operator: one pod per replica and the env it injects."""
-    spec, name = obj["spec"], obj["metadata"]["name"]
-    replicas = spec["pytorchReplicaSpecs"]
-    elastic = spec.get("elasticPolicy")
-    total = sum(int(r["replicas"]) for r in replicas.values())
-    nproc = spec.get("nprocPerNode", "1")
-    pods = []
-    for rtype in ("Master", "Worker"):
-        if rtype not in replicas:
-            continue
-        podspec = replicas[rtype]["template"]["spec"]
-        port = str(podspec["containers"][0]["ports"][0]["containerPort"])
-        for i in range(int(replicas[rtype]["replicas"])):
-            host = f"{name}-{rtype.lower()}-{i}"
-            op = {"PYTHONUNBUFFERED": "1", "PET_NPROC_PER_NODE": nproc}
-            if "Master" in replicas:
-                rank = str(i if rtype == "Master" else i + 1)
-                master = f"{name}-master-0"
-                op |= {"MASTER_ADDR": master, "PET_MASTER_ADDR": master, "MASTER_PORT": port,
-                       "PET_MASTER_PORT": port, "RANK": rank, "PET_NODE_RANK": rank,
-                       "PET_NNODES": str(total), "WORLD_SIZE": str(total * int(nproc))}
-            if elastic:
-                nodes = f"{elastic['minReplicas']}:{elastic['maxReplicas']}"
-                op |= {"PET_RDZV_ENDPOINT": f"{name}-worker-0:{port}",
-                       "PET_RDZV_BACKEND": elastic.get("rdzvBackend", "c10d"),
-                       "PET_NNODES": nodes, "PET_RDZV_ID": elastic.get("rdzvId", name),
-                       "PET_MAX_RESTARTS": str(elastic.get("maxRestarts", 0))}
-            aliases = [f"{host}.{ns}.svc.cluster.local", f"{host}.{ns}"]
-            pods.append(_pod(podspec, host, aliases, start + len(pods), {}, extra_env=op))
-    return pods
-
-
-def _pod(podspec: dict[str, Any], host: str, aliases: list[str], index: int,
-         fields: dict[str, str], extra_env: dict[str, str] | None = None) -> LocalPod:
-    ctr = podspec["containers"][0]
-    address = pod_address(index)
-    env: dict[str, str] = {}
-    for item in ctr.get("env") or []:
-        if "value" in item:
-            env[item["name"]] = expand(str(item["value"]), env)
-        else:
-            env[item["name"]] = _field(item["valueFrom"], host, address, fields)
-    env |= extra_env or {}
-    argv = tuple(expand(a, env) for a in [*(ctr.get("command") or []), *(ctr.get("args") or [])])
-    volumes = {v["name"]: v for v in podspec.get("volumes") or []}
-    return LocalPod(host, host, (*aliases, host), address, argv, env, ctr.get("workingDir"),
-                    tuple(ctr.get("volumeMounts") or []), volumes)
-
-
-def _field(source: dict[str, Any], host: str, address: str, fields: dict[str, str]) -> str:
-    path = (source.get("fieldRef") or {}).get("fieldPath", "")
-    if path == "metadata.annotations['batch.kubernetes.io/job-completion-index']":
-        return fields["index"]
-    if path == "metadata.name":
-        return host
-    if path == "status.podIP":
-        return address
-    raise LocalRunError(f"run-local cannot emulate env valueFrom {source}")
 
 
 # -- files -------------------------------------------------------------------------------
@@ -279,8 +174,14 @@ def local_spec(spec: JobSpec, base_dir: Path) -> JobSpec:
 
 
 def run_local(spec: JobSpec, base_dir: Path, *, out: Callable[[str], None],
-              timeout_s: float | None = None, grace_s: float = 5.0) -> LocalResult:
+              timeout_s: float | None = None, grace_s: float = 5.0,
+              unschedulable: tuple[str, ...] = ()) -> LocalResult:
     """Render `spec`, then run its pods in emulated hosts; returns exit codes and log tails.
+
+    Args:
+        unschedulable: pods the emulated scheduler never places (they never start), as
+            on a cluster without room for the whole gang: the others wait in the
+            rendezvous until launch.rdzv_timeout_s, and the result's verdict names them.
 
     Raises:
         LocalRunError: not root, no `ip`, or pods that cannot be emulated.
@@ -290,16 +191,23 @@ def run_local(spec: JobSpec, base_dir: Path, *, out: Callable[[str], None],
     spec = local_spec(spec, base_dir)
     objects = render(spec, base_dir, local=True).objects
     pods = local_pods(objects, spec)
+    held = held_pods(pods, unschedulable)
+    backoff = backoff_limit(objects)
     configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
     tag = f"dt{os.getpid()}"
     root = Path(tempfile.mkdtemp(prefix="disttrain-run-local-"))
     previous = _on_sigterm()
     try:
         files = _Files(root, configmaps)
-        plans = [(pod, files.prepare(pod)) for pod in pods]
-        with network(pods, tag) as netns:
-            return _supervise(plans, netns, root, out, timeout_s, grace_s,
-                              backoff=backoff_limit(objects), run_dir=Path(spec.run_dir))
+        plans = [(pod, files.prepare(pod)) for pod in pods if pod.name not in held]
+        with network(pods, tag) as netns:  # a held pod's name resolves, as JobSet/Service DNS does
+            result = _supervise(plans, netns, root, out, timeout_s, grace_s,
+                                backoff=backoff, run_dir=Path(spec.run_dir))
+        if held:
+            result.verdict = rendezvous_verdict([
+                PodArrival(p.name, nproc_of(p.argv), p.name not in held, held.get(p.name, ""))
+                for p in pods])
+        return result
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -317,6 +225,23 @@ def _on_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, handler)
 
 
+def held_pods(pods: list[LocalPod], names: tuple[str, ...]) -> dict[str, str]:
+    """The pods `--unschedulable` holds back, with the Pending reason run-local records.
+
+    Raises:
+        LocalRunError: a name that is not one of the pods, or every pod held.
+    """
+    known = [p.name for p in pods]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise LocalRunError(f"--unschedulable {bad[0]}: no such pod; the pods are "
+                            f"{', '.join(known)}")
+    if names and len(set(names)) == len(known):
+        raise LocalRunError("--unschedulable: holding every pod leaves nothing to run")
+    return {n: f"Pending: 0/1 nodes are available: run-local --unschedulable {n} (the "
+               f"emulated scheduler found no room)" for n in names}
+
+
 def backoff_limit(objects: list[dict[str, Any]]) -> int:
     """How many pod failures the workload re-creates pods for (0: the first one fails it).
 
@@ -331,6 +256,12 @@ def backoff_limit(objects: list[dict[str, Any]]) -> int:
             policies = {r["restartPolicy"] for r in obj["spec"]["pytorchReplicaSpecs"].values()}
             if "OnFailure" in policies:
                 return int((obj["spec"].get("runPolicy") or {}).get("backoffLimit") or 0)
+        spec = obj["spec"]["template"]["spec"] if obj["kind"] == "ClusterTrainingRuntime" \
+            else obj["spec"] if obj["kind"] == "JobSet" else None
+        if spec is not None and (spec.get("failurePolicy") or {}).get("maxRestarts"):
+            raise LocalRunError("run-local does not emulate a JobSet's restart of all its pods "
+                                "(failurePolicy.maxRestarts); run it with --max-restarts 0, or "
+                                "rehearse restarts with --kind job")
     return 0
 
 

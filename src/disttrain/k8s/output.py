@@ -131,6 +131,11 @@ def _annotation(obj: dict[str, Any], key: str) -> str | None:
 
 def _first_template(obj: dict[str, Any]) -> dict[str, Any] | None:
     spec = obj.get("spec", {})
+    if obj.get("kind") in ("JobSet", "ClusterTrainingRuntime"):  # the replicated Job's pods
+        jobset = spec if obj["kind"] == "JobSet" else spec.get("template", {}).get("spec", {})
+        for rjob in jobset.get("replicatedJobs") or []:
+            return rjob.get("template", {}).get("spec", {}).get("template")
+        return None
     if "template" in spec:
         return spec["template"]
     for replica in (spec.get("pytorchReplicaSpecs") or {}).values():

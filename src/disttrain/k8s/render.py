@@ -4,18 +4,17 @@
     print(to_yaml(rendered.objects))        # what `disttrain k8s render` prints (output.py)
     for w in rendered.warnings: ...
 
-Kinds (docs/cluster.md, "The three kinds"): `pod` is one Pod running torchrun on all its
-GPUs, as a hand-written training Pod does; `job` is an Indexed Job + headless Service,
-every pod running torchrun with c10d rendezvous at pod 0's stable DNS name
-`<job>-0.<svc>`; `pytorchjob` is Kubeflow's PyTorchJob (v1), where the operator injects
-the PET_* variables torchrun reads. The container command is `launch.argv.torchrun_argv`,
+Kinds (docs/cluster.md, "The kinds"): `pod` is one Pod running torchrun on all its
+GPUs, as a hand-written training Pod does; the multi-pod kinds `job` (Indexed Job +
+headless Service), `pytorchjob` (Kubeflow PyTorchJob v1), `jobset` (JobSet) and `trainjob`
+(Kubeflow Trainer v2) are built in k8s/workloads.py, their gang options (Kueue queue,
+Coscheduling PodGroup) in k8s/gang.py. The container command is `launch.argv.torchrun_argv`,
 the same argv `disttrain run` uses, so what runs in the pod is what ran locally and in
 `disttrain k8s run-local`.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -27,14 +26,13 @@ from typing import Any
 from disttrain import envvars
 from disttrain.distributed.torch_compat import image_note, minimum_torch, show
 from disttrain.errors import SpecError
-from disttrain.k8s import hami
-from disttrain.k8s.code import SPEC_PATH, CodePlan, configmap_data, plan_code
+from disttrain.k8s import gang, hami
+from disttrain.k8s.code import SPEC_PATH, CodePlan, configmap_data, plan_code, task_folder
 from disttrain.k8s.install import install_setup
 from disttrain.k8s.labels import (
     ANNOTATION_CODE,
     ANNOTATION_FILES,
     ANNOTATION_IMAGE,
-    ANNOTATION_RANK_OFFSET,
     LABEL_JOB,
     LABEL_KIND,
     LABEL_MANAGED_BY,
@@ -44,11 +42,14 @@ from disttrain.k8s.labels import (
     pod_name_hosts,
 )
 from disttrain.k8s.output import to_json, to_yaml
+from disttrain.k8s.output_place import output_dir_warning
 from disttrain.k8s.security import baseline_violations, container_security, pod_security
-from disttrain.k8s.stopping import grace_period_s, pod_command, pod_failure_policy, run_dir_warning, stop_env
-from disttrain.launch.argv import resolve_nproc, torchrun_argv, worker_command
+from disttrain.k8s.stopping import grace_period_s, pod_command, run_dir_warning, stop_env
+from disttrain.k8s.workloads import TRAINER_PORT, workload_objects
+from disttrain.launch.argv import resolve_nproc, torchrun_argv
 from disttrain.spec.fields import parse_quantity
 from disttrain.spec.job import JobSpec
+from disttrain.spec.paths import locate_task_file
 
 __all__ = ["Rendered", "pod_name_hosts", "quantity", "render", "spec_to_objects", "to_json",
            "to_yaml"]
@@ -105,6 +106,9 @@ class _Renderer:
     """One render of one spec: checks first, then builds the objects."""
 
     def __init__(self, spec: JobSpec, base_dir: Path, local: bool) -> None:
+        located = locate_task_file(spec.task, task_folder(spec, base_dir)) if spec.task else None
+        if located is not None:  # a task file: shipped and imported from its own folder
+            spec = spec.model_copy(update={"task": located[0], "task_dir": str(located[1])})
         self.spec, self.c, self.local = spec, spec.cluster, local
         self.warnings: list[str] = []
         self.name = spec.name
@@ -145,6 +149,10 @@ class _Renderer:
             if not lo <= n <= hi:
                 raise SpecError(f"launch.nnodes: {n} is outside cluster.elastic_nodes "
                                 f"{c.elastic_nodes}")
+        gang.check(self.spec)
+        if c.kind == "trainjob" and self.port != TRAINER_PORT:
+            raise SpecError(f"launch.master_port: Kubeflow Trainer fixes the master port of a "
+                            f"TrainJob at {TRAINER_PORT}; drop --master-port {self.port}")
         if c.kind != "pod" and n > 1 and self.port == 0:
             raise SpecError("launch.master_port: 0 (a free port) cannot be a rendezvous "
                             "endpoint other pods connect to; use e.g. 29500")
@@ -152,7 +160,7 @@ class _Renderer:
         if len(longest) > 63:
             raise SpecError(f"name: pod hostname {longest!r} would exceed 63 characters; "
                             f"use a shorter --name")
-        if c.kind == "job" and not _DNS1035.match(self.name):
+        if c.kind in ("job", "jobset", "trainjob") and not _DNS1035.match(self.name):
             raise SpecError(f"name: {self.name!r} names the headless Service, which must start "
                             f"with a letter (DNS-1035); e.g. 'job-{self.name}'")
         for key, value in c.labels.items():
@@ -167,10 +175,9 @@ class _Renderer:
             if rl.request and rl.limit and quantity(rl.request) > quantity(rl.limit):
                 raise SpecError(f"cluster.{what}: request {rl.request} is above limit "
                                 f"{rl.limit}; Kubernetes rejects that")
-        if self.spec.workload != "script" and not self.local and not (
+        if not self.spec.script and not self.local and not (
                 c.image_has_disttrain or c.install_disttrain):
-            job = (f"the task {self.spec.task}" if self.spec.task
-                   else f"the built-in job '{self.spec.workload}'")
+            job = f"the task {self.spec.task}"
             raise SpecError(
                 f"cluster.image: {job} runs `python -m "
                 f"disttrain.worker` in the pod, so the image needs disttrain; pass "
@@ -187,14 +194,14 @@ class _Renderer:
     # -- top level ----------------------------------------------------------------------
     def render(self) -> Rendered:
         objects = [self._pvc(v) for v in self.c.volumes if v.create]
+        if gang.renders_pod_group(self.spec):  # before its pods exist (k8s/gang.py)
+            objects.append(gang.pod_group(self.spec, self._labels()))
         if self.code.needs_configmap:
             objects.append(self._configmap())
         if self.c.kind == "pod":
             objects.append(self._pod())
-        elif self.c.kind == "job":
-            objects += [self._service(), self._job()]
         else:
-            objects.append(self._pytorchjob())
+            objects += workload_objects(self)
         self._warn(objects)
         return Rendered(objects, self.warnings)
 
@@ -204,7 +211,7 @@ class _Renderer:
     def _labels(self) -> dict[str, str]:
         return {"app.kubernetes.io/name": "disttrain", "app.kubernetes.io/instance": self.name,
                 LABEL_MANAGED_BY: "disttrain", LABEL_JOB: self.name,
-                LABEL_KIND: self.c.kind, LABEL_WORKLOAD: self.spec.workload,
+                LABEL_KIND: self.c.kind, LABEL_WORKLOAD: "script" if self.spec.script else "task",
                 LABEL_NEEDS_DISTTRAIN: str(self._needs_disttrain()).lower(),
                 **self.c.labels}
 
@@ -220,10 +227,10 @@ class _Renderer:
         return bool(self.c.image_has_disttrain or self.c.install_disttrain)
 
     def _needs_disttrain(self) -> bool:
-        return self.spec.workload != "script" or bool(self.c.install_disttrain)
+        return not self.spec.script or bool(self.c.install_disttrain)
 
     def _image_needs(self) -> str:
-        if self.spec.workload == "script" and not self.c.install_disttrain:
+        if self.spec.script and not self.c.install_disttrain:
             return "torch (the user script runs under torchrun)"
         version, need = minimum_torch(self.spec)
         torch = f"torch >= {show(version)}" + (f" ({need.what})" if need else "")
@@ -263,76 +270,9 @@ class _Renderer:
                              script_entry=self._script_entry())
         meta = self._meta(self.name)
         meta["annotations"] = self._pod_meta()["annotations"]
+        meta["labels"].update(gang.queue_labels(self.c))  # Kueue's plain-Pod integration
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
                 "spec": self._podspec(self._container("trainer", argv, env))}
-
-    def _service(self) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.name),
-                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                         "selector": {LABEL_JOB: self.name, LABEL_KIND: "job"},
-                         "ports": [{"name": "rdzv", "port": self.port,
-                                    "targetPort": self.port, "protocol": "TCP"}]}}
-
-    def _job(self) -> dict[str, Any]:
-        n = self.spec.launch.nnodes
-        rank0 = f"{self.name}-0.{self.name}"  # pod 0's hostname.subdomain
-        argv = torchrun_argv(self._pod_spec_view(), nproc=self.nproc,
-                             node_rank="$(JOB_COMPLETION_INDEX)",
-                             rdzv_endpoint=f"{rank0}:{self.port}", spec_path=self._spec_path(),
-                             script_entry=self._script_entry())
-        env: list[tuple[str, Any]] = [
-            (envvars.MASTER_ADDR, rank0), (envvars.MASTER_PORT, str(self.port)),
-            ("JOB_COMPLETION_INDEX", {"fieldRef": {"fieldPath": "metadata.annotations"
-                                      "['batch.kubernetes.io/job-completion-index']"}})]
-        if self.spec.launch.max_restarts:  # a re-created pod's agent must rejoin (envvars.py)
-            env.append((envvars.SHARE_RDZV_STORE_OFF, "1"))
-        podspec = self._podspec(self._container("trainer", argv, env), subdomain=self.name)
-        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(self.name),
-                "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n,
-                         # one lost rank breaks the process group: without restarts the
-                         # Job fails at once; with them, a failed pod is re-created and
-                         # torchrun re-forms the group from the last checkpoint
-                         "backoffLimit": self.spec.launch.max_restarts,
-                         # a preempted or stopped (75) pod is recreated, uncounted (stopping.py)
-                         "podFailurePolicy": pod_failure_policy("trainer"),
-                         "template": {"metadata": self._pod_meta(), "spec": podspec}}}
-
-    def _pytorchjob(self) -> dict[str, Any]:
-        n, c = self.spec.launch.nnodes, self.c
-        argv = ["torchrun", f"--nproc_per_node={self.nproc}"]
-        if self.spec.launch.max_restarts and not c.elastic_nodes:
-            argv.append(f"--max_restarts={self.spec.launch.max_restarts}")
-        argv += worker_command(self._pod_spec_view(), self._spec_path(), self._script_entry())
-        ctr = self._container("pytorch", argv, [], unbuffered=False)  # the operator sets it
-        ctr["ports"] = [{"name": "pytorchjob-port", "containerPort": self.port,
-                         "protocol": "TCP"}]
-        podspec = self._podspec(ctr)
-
-        def replica(count: int, rank_offset: int = 0) -> dict[str, Any]:
-            meta = self._pod_meta()
-            if rank_offset:
-                meta["annotations"][ANNOTATION_RANK_OFFSET] = str(rank_offset)
-            policy = "OnFailure" if self.spec.launch.max_restarts and not c.elastic_nodes \
-                else "Never"
-            return {"replicas": count, "restartPolicy": policy,
-                    "template": {"metadata": meta, "spec": copy.deepcopy(podspec)}}
-
-        spec: dict[str, Any] = {"nprocPerNode": str(self.nproc),
-                                "runPolicy": {"cleanPodPolicy": "None",
-                                              "backoffLimit": self.spec.launch.max_restarts}}
-        if c.elastic_nodes:
-            lo, hi = (int(x) for x in c.elastic_nodes.split(":"))
-            spec["elasticPolicy"] = {"minReplicas": lo, "maxReplicas": hi,
-                                     "rdzvBackend": "c10d",
-                                     "rdzvId": self.spec.launch.rdzv_id or self.name,
-                                     "maxRestarts": self.spec.launch.max_restarts}
-            spec["pytorchReplicaSpecs"] = {"Worker": replica(n)}
-        else:
-            spec["pytorchReplicaSpecs"] = {"Master": replica(1)}
-            if n > 1:
-                spec["pytorchReplicaSpecs"]["Worker"] = replica(n - 1, rank_offset=1)
-        return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                "metadata": self._meta(self.name), "spec": spec}
 
     # -- pod pieces ---------------------------------------------------------------------
     def _pod_spec_view(self) -> JobSpec:
@@ -461,6 +401,10 @@ class _Renderer:
         c, w = self.c, self.warnings
         lost = None if self.local else run_dir_warning(self.spec, self._workdir())
         w += [lost] if lost else []
+        model_lost = output_dir_warning(self.spec, self.code.mount)   # k8s/output_place.py
+        w += [model_lost] if model_lost else []
+        half_start = None if self.local else gang.no_gang_note(self.spec)
+        w += [half_start] if half_start else []
         if c.code.host_path:
             w.append(f"cluster.code.host_path: the code must already be in {c.code.host_path} "
                      f"on the node, which pins the job to nodes holding it (use --node-selector);"

@@ -53,6 +53,13 @@ def pod_specs(obj: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]
         for rtype, replica in (spec.get("pytorchReplicaSpecs") or {}).items():
             template = (replica or {}).get("template") or {}
             yield f"spec.pytorchReplicaSpecs.{rtype}.template.spec", template.get("spec") or {}
+    elif kind in ("JobSet", "ClusterTrainingRuntime"):  # replicated Jobs (k8s/workloads.py)
+        at = "spec" if kind == "JobSet" else "spec.template.spec"
+        jobset = spec if kind == "JobSet" else (spec.get("template") or {}).get("spec") or {}
+        for i, rjob in enumerate(jobset.get("replicatedJobs") or []):
+            job = ((rjob or {}).get("template") or {}).get("spec") or {}
+            yield (f"{at}.replicatedJobs[{i}].template.spec.template.spec",
+                   (job.get("template") or {}).get("spec") or {})
 
 
 def baseline_violations(objects: list[Mapping[str, Any]]) -> list[str]:

@@ -37,20 +37,38 @@ def resolve_nproc(spec: JobSpec, gpus: int | None = None) -> int:
     return gpus if gpus >= 1 else 2
 
 
+# Seconds the nodes of a multi-node job have to meet when launch.rdzv_timeout_s is unset:
+# torchrun's own 600 s lets the ranks of a half-started job hold their GPU slices for ten
+# minutes while the missing pods wait for room (docs/cluster.md, "All pods or none").
+DEFAULT_RDZV_TIMEOUT_S = 180
+
+
+def rdzv_timeout_s(spec: JobSpec) -> int | None:
+    """The rendezvous deadline of `spec`: launch.rdzv_timeout_s, else 180 s with several
+    nodes; None for one node (nothing to wait for)."""
+    if spec.launch.rdzv_timeout_s is not None:
+        return spec.launch.rdzv_timeout_s
+    return DEFAULT_RDZV_TIMEOUT_S if spec.launch.nnodes > 1 else None
+
+
 # the entry that runs a user script with its optimizer steps as heartbeat (kept as a string:
 # this module stays free of the resilience package)
 SCRIPT_ENTRY = "disttrain.resilience.script_heartbeat"
 
 
-def worker_command(spec: JobSpec, spec_path: str = "job.yaml", script_entry: bool = False) -> list[str]:
+def worker_command(spec: JobSpec, spec_path: str = "job.yaml", script_entry: bool = False,
+                   live_dir: str | None = None) -> list[str]:
     """What each worker runs: the user's script, or the built-in job reading `spec_path`.
 
     With `script_entry` a script runs through `python -m disttrain.resilience.script_heartbeat`
-    (needs disttrain where it runs), which is `python script.py` plus a heartbeat at every
-    optimizer step, so the stall watchdog covers an unmodified script (docs/resilience.md).
+    (needs disttrain where it runs), which is `python script.py` plus a heartbeat from its
+    process group, optimizer steps, forwards and collectives, so the stall watchdog covers an
+    unmodified script (docs/resilience.md); with `live_dir` (the run dir) it also writes the
+    live files there (docs/monitoring.md).
     """
     if spec.script and script_entry:
-        return ["-m", SCRIPT_ENTRY, f"--timeout-s={spec.launch.timeout_s:g}", spec.script,
+        live = [f"--run-dir={live_dir}"] if live_dir else []
+        return ["-m", SCRIPT_ENTRY, f"--timeout-s={spec.launch.timeout_s:g}", *live, spec.script,
                 *spec.args]
     if spec.script:
         return [spec.script, *spec.args]
@@ -98,6 +116,9 @@ def torchrun_argv(
         endpoint = rdzv_endpoint or launch.rdzv_endpoint or f"{launch.master_addr}:{launch.master_port}"
         argv += ["--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}",
                  f"--rdzv_id={launch.rdzv_id or spec.name}"]
+        deadline = rdzv_timeout_s(spec)
+        if deadline is not None:  # c10d's own join deadline (torch's default 600 s)
+            argv.append(f"--rdzv_conf=join_timeout={deadline}")
         if node_rank is not None:
             argv.append(f"--node_rank={node_rank}")
     if launch.max_restarts:

@@ -1,6 +1,7 @@
 """The warm fork server that local workers are forked from.
 
-    prewarm_workers({"workload": "digits", ...})   # early in `disttrain run`, before torch
+    prewarm_workers({"ref": "disttrain.examples.digits:make_task", "args": {}})   # early in
+                                                  # `disttrain run`, before torch
     method = worker_start_method()                # "forkserver" (warm) or "spawn"
 
 multiprocessing's fork server is started with `disttrain.launch.forkserver_preload` as
@@ -21,16 +22,16 @@ from disttrain import envvars
 PRELOAD_MODULE = "disttrain.launch.forkserver_preload"
 
 
-def prewarm_workers(dataset: dict[str, Any] | None = None) -> bool:
+def prewarm_workers(task: dict[str, Any] | None = None) -> bool:
     """Start the warm fork server for built-in-job workers (see `disttrain.launch.forkserver_preload`).
 
     Call before importing torch in the launcher, so both imports overlap. Returns False
     where fork servers do not exist (non-POSIX).
 
     Args:
-        dataset: keyword arguments of `disttrain.examples.datasets.warm_dataset` (the built-in job's
-            data), for the server to load once for all its forks; only the call that
-            starts the server passes them on.
+        task: the job's task, `{"ref": ..., "args": task_args}`, whose warm hook
+            (`disttrain.train.task.warm_task`) the server runs to load its data once for all
+            its forks; only the call that starts the server passes it on.
     """
     import multiprocessing
     import multiprocessing.forkserver as forkserver
@@ -38,12 +39,12 @@ def prewarm_workers(dataset: dict[str, Any] | None = None) -> bool:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
     multiprocessing.set_forkserver_preload([PRELOAD_MODULE])
-    if dataset is not None:  # the server inherits this environment when it starts
-        envvars.set_env(envvars.WARM_DATASET, json.dumps(dataset))
+    if task is not None:  # the server inherits this environment when it starts
+        envvars.set_env(envvars.WARM_TASK, json.dumps(task))
     try:
         forkserver.ensure_running()
     finally:
-        os.environ.pop(envvars.WARM_DATASET, None)
+        os.environ.pop(envvars.WARM_TASK, None)
     return True
 
 

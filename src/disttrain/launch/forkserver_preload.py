@@ -8,9 +8,10 @@ starts the workers with start_method "forkserver": each worker is a fork of the 
 server and starts training at once. The server never touches CUDA, so its forks may use
 GPUs.
 
-When the launcher names the job's dataset (`envvars.WARM_DATASET`, JSON keyword
-arguments of `disttrain.examples.datasets.warm_dataset`), the server also loads it, in a thread,
-while it imports torch._dynamo: the launcher is done with its own import by then and
+When the launcher names the job's task (`envvars.WARM_TASK`: its reference and
+task_args, for disttrain's own tasks), the server runs the task's warm hook
+(`disttrain.train.task.warm_task`), which loads its data, in a thread, while it imports
+torch._dynamo: the launcher is done with its own import by then and
 leaves a core idle. The forks share that one copy read-only (60,000 x 784 synthetic
 samples: 0.45 s and 190 MB less per worker). The data is made with one intra-op thread,
 so the server has no OpenMP team when it forks, and the thread is joined before the
@@ -27,23 +28,24 @@ import torch
 from disttrain import envvars
 
 # A local read or generation; past this the server stops waiting and forks without it.
-WARM_DATASET_TIMEOUT_S = 120.0
+WARM_TASK_TIMEOUT_S = 120.0
 
 
-def _start_warm_dataset() -> threading.Thread | None:
-    text = os.environ.pop(envvars.WARM_DATASET, None)
+def _start_warm_task() -> threading.Thread | None:
+    text = os.environ.pop(envvars.WARM_TASK, None)
     if not text:
         return None
-    from disttrain.examples.datasets import warm_dataset
+    from disttrain.train.task import warm_task
 
+    task = json.loads(text)
     torch.set_num_threads(1)  # each worker sets its own count in runtime.setup
-    thread = threading.Thread(target=warm_dataset, kwargs=json.loads(text),
-                              name="disttrain-warm-dataset", daemon=True)
+    thread = threading.Thread(target=warm_task, args=(task["ref"], task["args"]),
+                              name="disttrain-warm-task", daemon=True)
     thread.start()
     return thread
 
 
-_warming = _start_warm_dataset()
+_warming = _start_warm_task()
 
 import torch._dynamo  # noqa: E402
 import torch.distributed  # noqa: E402
@@ -53,7 +55,8 @@ import disttrain.train.build  # noqa: E402
 import disttrain.worker  # noqa: E402, F401
 
 if _warming is not None:
-    _warming.join(WARM_DATASET_TIMEOUT_S)
+    _warming.join(WARM_TASK_TIMEOUT_S)
     if _warming.is_alive():
-        print(f"disttrain: the fork server's dataset load took over {WARM_DATASET_TIMEOUT_S:.0f} s; "
+        print(f"disttrain: the fork server's warm-up of the task's data took over "
+              f"{WARM_TASK_TIMEOUT_S:.0f} s; "
               "workers load their own", file=sys.stderr)

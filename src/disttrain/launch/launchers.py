@@ -28,23 +28,24 @@ to the launcher (without it, rank 0 would watch as it does under plain torchrun)
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from disttrain import envvars
-from disttrain.errors import LaunchError, PortTaken
+from disttrain.errors import Failure, FailureKind, LaunchError, PortTaken
+from disttrain.launch.agent_logs import AGENT_LOG, agent_report_to, quiet_agent_stop, quiet_reported_failures
 from disttrain.launch.forkserver import worker_start_method
 from disttrain.launch.plan import LaunchPlan, make_plan
 from disttrain.launch.ports import free_port
-from disttrain.launch.result import LaunchResult, RankFailure
+from disttrain.launch.result import LaunchResult, RankFailure, typed_failures
+from disttrain.rundir import clear_failures, read_failures
 from disttrain.spec.job import JobSpec
 
 # A port that was free when checked but taken when bound is picked again this often.
@@ -77,12 +78,15 @@ class ElasticLauncher:
         start_method: "forkserver" (forks of the warm server) or "spawn".
         logs_dir: where torch tees each rank's output (`plan.launch_config`); a failure's
             log text then includes those lines.
+        agent_log: where torch's agent's own report of a failed worker goes instead of the
+            terminal (`agent_logs.agent_report_to`); None: the terminal, as under torchrun.
     """
 
     entry: Callable[..., Any] | str
     args: tuple[Any, ...] = ()
     start_method: str = "spawn"
     logs_dir: Path | None = None
+    agent_log: Path | None = None
 
     def launch(self, plan: LaunchPlan) -> LaunchResult:
         from torch.distributed.elastic.multiprocessing import SignalException
@@ -91,12 +95,16 @@ class ElasticLauncher:
 
         config = plan.config(self.start_method, self.logs_dir)
         try:
-            with _signals_restored(), _quiet_agent_stop():
+            with _signals_restored(), quiet_agent_stop(), agent_report_to(self.agent_log) as kept:
                 values = elastic_launch(config, self.entry)(*self.args)
         except ChildFailedError as exc:
             host = socket.gethostname()
             failures = {rank: RankFailure.from_elastic(f, host) for rank, f in exc.failures.items()}
-            return LaunchResult.failed(failures, log_text=_collect_logs(self.logs_dir, exc))
+            result = LaunchResult.failed(failures, log_text=_collect_logs(self.logs_dir, exc))
+            if kept:   # said before `disttrain run`'s diagnosis, which comes last
+                result.notes.append(f"torchrun's own report of the failure ({kept[0]} lines) "
+                                    f"is in {self.agent_log}")
+            return result
         except SignalException as exc:
             # The agent got SIGTERM / SIGINT, sent it to every worker and waited up to
             # launch.stop_grace_s for them (docs/resilience.md, "Graceful stop"); not a
@@ -129,31 +137,6 @@ def _signals_restored() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-# What torch's agent logs while it forwards a stop signal to the workers: `disttrain run`
-# says it in one line instead.
-# A worker that outlives the grace and is SIGKILLed is still reported (torch's warning).
-_AGENT_STOP_LINES = ("death signal, shutting down workers", "closing signal", "Closing process")
-
-
-@contextlib.contextmanager
-def _quiet_agent_stop() -> Iterator[None]:
-    """Keep torch's agent's warnings about a stop signal it forwards off the output."""
-    def keep(record: logging.LogRecord) -> bool:
-        text = str(record.msg)
-        return not any(part in text for part in _AGENT_STOP_LINES)
-
-    loggers = [logging.getLogger(name) for name in (
-        "torch.distributed.elastic.agent.server.api",
-        "torch.distributed.elastic.multiprocessing.api")]
-    for log in loggers:
-        log.addFilter(keep)
-    try:
-        yield
-    finally:
-        for log in loggers:
-            log.removeFilter(keep)
-
-
 class TorchrunLauncher:
     """`--launcher torchrun` (the default): the built-in job forked from the warm fork
     server (torch and torch._dynamo imported, CUDA never initialised), or the user's
@@ -168,17 +151,20 @@ class TorchrunLauncher:
 
         spec = plan.spec
         if spec.script:
-            # `python -u script.py args` with a heartbeat at each optimizer step, so the
-            # watchdog below covers an unmodified script too (docs/resilience.md)
+            # `python -u script.py args` with a heartbeat from its progress, so the
+            # watchdog below covers an unmodified script too (docs/resilience.md), and
+            # live files in the run dir (docs/monitoring.md)
             from disttrain.launch.argv import worker_command
 
-            inner = ElasticLauncher(sys.executable, ("-u", *worker_command(spec, script_entry=True)),
-                                    logs_dir=spec.run_dir / "logs")
+            command = worker_command(spec, script_entry=True, live_dir=str(spec.run_dir))
+            inner = ElasticLauncher(sys.executable, ("-u", *command), logs_dir=spec.run_dir / "logs",
+                                    agent_log=spec.run_dir / "logs" / AGENT_LOG)
         else:
             from disttrain.worker import run_recorded, run_worker
 
             inner = ElasticLauncher(run_recorded, (run_worker, spec.model_dump()),
-                                    start_method=worker_start_method())
+                                    start_method=worker_start_method(),
+                                    agent_log=spec.run_dir / "logs" / AGENT_LOG)
         try:
             return inner.launch(plan)
         except (DistError, RendezvousError) as exc:  # the workers never started
@@ -252,12 +238,12 @@ class SpawnLauncher:
             except mp.ProcessRaisedException as exc:
                 if got:
                     return _stopped(got[0])
-                return LaunchResult.failed({first + exc.error_index: RankFailure(str(exc))},
-                                           log_text=str(exc))
+                failure = RankFailure(str(exc), exitcode=1, pid=exc.error_pid)
+                return LaunchResult.failed({first + exc.error_index: failure}, log_text=str(exc))
             except mp.ProcessExitedException as exc:
                 if got:
                     return _stopped(got[0])
-                failure = RankFailure(str(exc), exitcode=exc.exit_code)
+                failure = RankFailure(str(exc), exitcode=exc.exit_code, pid=exc.error_pid)
                 return LaunchResult.failed({first + exc.error_index: failure}, log_text=str(exc))
         return _stopped(got[0]) if got else LaunchResult()
 
@@ -328,12 +314,11 @@ class EnvLauncher:
             return LaunchResult.failed({rank: RankFailure(exitcode=code)}, exit_code=code)
         except Exception as exc:
             text = traceback.format_exc()
-            from disttrain.train.task import TaskError
-
-            if not isinstance(exc, TaskError):  # the user's task: `disttrain run` prints its message
+            record = Failure.from_exception(exc, rank, os.getpid())   # typed here, where it is caught
+            if not record.outcome.alone:  # else `disttrain run` says its message in one line
                 print(text, file=sys.stderr, flush=True)
-            return LaunchResult.failed({rank: RankFailure(f"{type(exc).__name__}: {exc}")},
-                                       log_text=text)
+            failure = RankFailure(f"{type(exc).__name__}: {exc}").with_record(record)
+            return LaunchResult.failed({rank: failure}, log_text=text)
         return LaunchResult()
 
 
@@ -372,9 +357,12 @@ def launch(spec: JobSpec, plan: LaunchPlan | None = None) -> LaunchResult:
         os.environ.setdefault(k, v)
     launcher = LAUNCHERS[spec.launch.launcher]()
     fixed_port = spec.launch.port_explicit and spec.launch.master_port != 0
+    own_records = spec.launch.launcher != "env"   # env: each rank its own launch, typed in-process
+    if own_records:
+        clear_failures(spec.run_dir)
     for attempt in range(PORT_ATTEMPTS):
         try:
-            with _watchdog(plan.spec, plan.nproc) as wd:
+            with _watchdog(plan.spec, plan.nproc) as wd, quiet_reported_failures(spec.run_dir):
                 result = launcher.launch(plan)
             break
         except PortTaken as exc:
@@ -386,6 +374,8 @@ def launch(spec: JobSpec, plan: LaunchPlan | None = None) -> LaunchResult:
             plan = plan.moved_to(port, f"port {old} was taken just before the start; "
                                        f"using free port {port}")
     result.notes[:0] = plan.notes[said:]
+    if own_records and result.failures:   # what each failed rank recorded: its failure's kind
+        result.failures = typed_failures(result.failures, read_failures(spec.run_dir))
     if wd is not None:
         _add_stalls(result, wd.stalls)
     return result
@@ -475,5 +465,7 @@ def _add_stalls(result: LaunchResult, stalls: Sequence[Any]) -> None:
     if result.exit_code != 0:
         for stall in stalls:
             for rank, pid in ((stall.rank, stall.pid), *stall.tied):
-                result.failures.setdefault(rank, RankFailure(
-                    stall.message, exitcode=-9, host=stall.host, pid=pid, stalled=True))
+                known = result.failures.get(rank)   # torch's record of the kill: the stall is why
+                result.failures[rank] = RankFailure(
+                    stall.message, exitcode=-9, host=stall.host, pid=pid, kind=FailureKind.STALL
+                ) if known is None else replace(known, kind=FailureKind.STALL)

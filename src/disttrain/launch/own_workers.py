@@ -8,7 +8,8 @@ copies starts its own N, and the 2 x N processes fight over the script's hard-co
 and hang with no output (pytorch/examples' `ddp/main.py` style). `disttrain run` refuses
 that before anything starts and says how to run it (docs/your-model.md).
 
-Read from the script's syntax tree (`ast`), with its import aliases resolved: calls of
+Read from the script's syntax tree (`disttrain.pysource`, as lint reads it), with its
+import aliases resolved: calls of
 `torch.multiprocessing.spawn` / `start_processes` and `multiprocessing.Process(target=...)`
 (also through `torch.multiprocessing`, which re-exports it). A call under an `if` that
 tests the launcher's variables (RANK, LOCAL_RANK, WORLD_SIZE) is the script choosing
@@ -18,11 +19,10 @@ between torchrun and its own spawn, and is not reported. Pure: no import of the 
 from __future__ import annotations
 
 import ast
-import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from disttrain.diagnose.lint_ctx import dotted_name, import_aliases
+from disttrain.pysource import dotted_name, import_aliases, parse_file
 
 # module paths whose attribute calls start workers, after aliases are resolved
 _SPAWNERS = {"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
@@ -45,9 +45,8 @@ def own_workers(script: str | Path) -> list[OwnWorkers]:
     """Where `script` starts its own worker processes; [] when it does not (or when it
     cannot be parsed: python reports that itself when it runs)."""
     try:
-        with tokenize.open(script) as f:
-            tree = ast.parse(f.read(), filename=str(script))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        tree = parse_file(script)
+    except (OSError, SyntaxError, ValueError):   # UnicodeDecodeError is a ValueError
         return []
     aliases = import_aliases(ast.walk(tree))
     found: list[OwnWorkers] = []

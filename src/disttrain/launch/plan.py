@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from disttrain import envvars
 from disttrain.distributed.process import threads_per_rank
 from disttrain.errors import LaunchError, TorchVersionError
-from disttrain.launch.argv import resolve_nproc
+from disttrain.launch.argv import DEFAULT_RDZV_TIMEOUT_S, resolve_nproc
 from disttrain.launch.ports import free_port, port_free
 from disttrain.spec.job import JobSpec, LaunchSpec
 
@@ -74,10 +74,14 @@ def with_port(spec: JobSpec, port: int) -> JobSpec:
 def worker_env(spec: JobSpec, nproc: int) -> dict[str, str]:
     """Variables every local worker inherits: threads per rank, so `nproc` ranks do not
     fight over the cores (`train.threads`, else the cores shared out as each rank's
-    `runtime.setup` would), and the start-up clock (kept when a caller set it)."""
+    `runtime.setup` would), the start-up clock (kept when a caller set it), and a script's
+    run dir."""
     threads = spec.train.threads or threads_per_rank(nproc)
-    return {envvars.OMP_NUM_THREADS: str(threads),
-            envvars.T0: os.environ.get(envvars.T0) or str(_process_start())}
+    env = {envvars.OMP_NUM_THREADS: str(threads),
+           envvars.T0: os.environ.get(envvars.T0) or str(_process_start())}
+    if spec.script:  # where `disttrain.fit()` in the script writes (train/fit.py)
+        env[envvars.RUN_DIR] = str(spec.run_dir.resolve())
+    return env
 
 
 def _process_start() -> float:
@@ -122,7 +126,8 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
     else:
         rdzv_backend = "c10d"
         endpoint = launch.rdzv_endpoint or f"{launch.master_addr}:{launch.master_port}"
-        configs = {"timeout": int(launch.timeout_s)}
+        configs = {"timeout": int(launch.timeout_s),  # join_timeout: c10d's own deadline
+                   "join_timeout": launch.rdzv_timeout_s or DEFAULT_RDZV_TIMEOUT_S}
     logs_specs = None
     if logs_dir is not None:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std

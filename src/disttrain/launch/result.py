@@ -7,13 +7,17 @@
 torchrun's agent, mp.spawn and the in-process `env` launcher each report failures in
 their own shape (torch's ProcessFailure, ProcessRaisedException / ProcessExitedException,
 a Python exception); each is turned into a `RankFailure` here, so `disttrain run`,
-`disttrain verify` and the benchmarks read one shape. stdlib only: no torch import.
+`disttrain verify` and the benchmarks read one shape. A failure's kind (`errors.FailureKind`)
+comes typed: from the record the rank wrote (`with_record`), or from the launcher's own
+finding (a stall); never from the text. stdlib only: no torch import.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from disttrain.errors import Failure, FailureKind
 
 # torch's message when a rank wrote no error file (it died outside @record): says nothing
 # about this failure, so it is left out of the one-line summary.
@@ -28,7 +32,9 @@ class RankFailure:
         message: the rank's error (a traceback's text when it wrote an error file).
         exitcode: the process's exit status (negative: killed by that signal), when known.
         host: the machine it ran on; pid, local_rank, error_file: where torch's agent saw it.
-        stalled: the launcher's watchdog killed it for making no progress.
+        kind: what failed: the rank's own record's kind, STALL when the launcher's watchdog
+            killed it for making no progress, else CRASH.
+        record: the failure the rank recorded itself (`errors.Failure`), when it did.
     """
 
     message: str = ""
@@ -37,7 +43,12 @@ class RankFailure:
     pid: int | None = None
     local_rank: int | None = None
     error_file: str | None = None
-    stalled: bool = False
+    kind: FailureKind = FailureKind.CRASH
+    record: Failure | None = None
+
+    def with_record(self, record: Failure) -> RankFailure:
+        """This failure with what the rank recorded of it: its kind and its message."""
+        return replace(self, kind=record.kind, record=record)
 
     @classmethod
     def from_elastic(cls, failure: Any, host: str | None = None) -> RankFailure:
@@ -87,3 +98,17 @@ class LaunchResult:
                exit_code: int = 1) -> LaunchResult:
         """A job that ended with `failures`."""
         return cls(exit_code=exit_code, failures=failures, log_text=log_text)
+
+
+def typed_failures(failures: dict[int, RankFailure], records: list[Failure]) -> dict[int, RankFailure]:
+    """`failures` with the records their ranks wrote (`rundir.read_failures`): matched by
+    process id, so a record of an earlier round of a restarted job never types a later
+    failure of the same rank; by rank where the launcher knows no pid (`env`)."""
+    by_pid = {r.pid: r for r in records if r.pid is not None}
+    by_rank = {r.rank: r for r in records if r.rank is not None}
+    typed = {}
+    for rank, failure in failures.items():
+        record = by_pid.get(failure.pid) if failure.pid is not None else by_rank.get(rank)
+        typed[rank] = failure.with_record(record) if record is not None and failure.record is None \
+            else failure
+    return typed

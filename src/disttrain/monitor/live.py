@@ -4,7 +4,7 @@
     run = wait_live(Path("runs/main"), timeout_s=60)   # the same, once a rank has written
 
 Each rank replaces `RUN_DIR/live/rank-<R>.json` atomically at every logging interval
-(train/step_timing.py writes it; the schema is in docs/monitoring.md), rank 0 writes
+(train/telemetry.py writes it; the schema is in docs/monitoring.md), rank 0 writes
 `live/straggler.json` when it names a straggler, and `summary.json` appears when the run
 ends. Reading them needs no collective and no connection to the job: a local run dir and
 a PVC mounted where the user is read the same. `disttrain k8s top` gets the same files'
@@ -20,15 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.errors import RunDirError
-from disttrain.rundir import JOB_YAML, LIVE, SUMMARY
+from disttrain.rundir import JOB_YAML, LIVE, LIVE_STRAGGLER, SUMMARY
 from disttrain.spec.paths import file_problem, is_directory, shown
 
-STRAGGLER_JSON = "straggler.json"
 SKEW_S = 2.0   # how far a shared volume's clock may be behind this machine's
-# The step-time breakdown, in the order the bars stack (data + compute + comm + optimizer + other = step).
-PARTS = ("data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms")
-PART_NAMES = {"data_ms": "data", "compute_ms": "compute", "comm_wait_ms": "comm wait",
-              "optimizer_ms": "optimizer", "other_ms": "other"}
 
 
 @dataclass
@@ -119,9 +114,9 @@ def read_live(run_dir: Path, now: float | None = None) -> LiveRun:
     texts = [_read(p) for p in sorted(live.glob("rank-*.json"))] if is_directory(live) else []
     started = _mtime(run_dir / JOB_YAML)
     since = started - SKEW_S if started is not None else None
-    verdict = _mtime(live / STRAGGLER_JSON)
+    verdict = _mtime(live / LIVE_STRAGGLER)
     if verdict and (since is None or verdict >= since):
-        texts.append(_read(live / STRAGGLER_JSON))
+        texts.append(_read(live / LIVE_STRAGGLER))
     summary = _mtime(run_dir / SUMMARY)
     summary_text = _read(run_dir / SUMMARY) if summary and (since is None or summary >= since) else None
     return parse_live([t for t in texts if t], summary_text, now, since)

@@ -28,9 +28,10 @@ from rich.table import Table
 from rich.text import Text
 
 from disttrain.errors import RunDirError
-from disttrain.monitor.live import PART_NAMES, PARTS
+from disttrain.plan.feedback import feedback_lines, memory_feedback
 from disttrain.rundir import METRICS, REPORT_PNG, SUMMARY, read_metrics
 from disttrain.spec.paths import check_readable_file, shown
+from disttrain.train.phases import PHASE_NAMES, PHASES
 
 # The same part colours as `disttrain top` (matplotlib's names of rich's colours).
 COLOURS = {"data_ms": "#e6b400", "compute_ms": "#2ca02c", "comm_wait_ms": "#b04fc0",
@@ -60,7 +61,8 @@ class Report:
         """What `--json` prints: the summary's figures, the ranks, the verdict, the picture."""
         return {"run_dir": str(self.run_dir), "report_png": str(self.run_dir / REPORT_PNG),
                 **{k: self.summary.get(k) for k, _, _ in SUMMARY_ROWS},
-                "ranks": self.ranks, "straggler": self.straggler}
+                "ranks": self.ranks, "straggler": self.straggler,
+                "memory": memory_feedback(self.summary, self.run_dir)}
 
 
 def load_report(run_dir: Path) -> Report:
@@ -100,7 +102,7 @@ def _ranks_from_rows(train: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for rank in sorted({r["rank"] for r in train}):
         mine = [r for r in train if r["rank"] == rank]
         entry: dict[str, Any] = {"rank": rank}
-        for key in ("samples_per_s", "step_ms", *PARTS):
+        for key in ("samples_per_s", "step_ms", *PHASES):
             vals = [r[key] for r in mine if isinstance(r.get(key), int | float)]
             if vals:
                 entry[key] = round(fmean(vals), 3)
@@ -161,7 +163,7 @@ def _breakdown(ax: Any, ranks: list[dict[str, Any]], strag: int | None) -> None:
     """Stacked horizontal bars, one per rank (rank 0 on top): where each step's time goes."""
     ax.set_title("mean step time per rank")
     ax.set_xlabel("ms per optimizer step")
-    timed = [r for r in ranks if any(isinstance(r.get(p), int | float) for p in PARTS)]
+    timed = [r for r in ranks if any(isinstance(r.get(p), int | float) for p in PHASES)]
     if not timed:
         ax.text(0.5, 0.5, "no step-time breakdown in this run", ha="center", va="center",
                 transform=ax.transAxes, color="#777777")
@@ -169,9 +171,9 @@ def _breakdown(ax: Any, ranks: list[dict[str, Any]], strag: int | None) -> None:
         return
     ys = list(range(len(timed)))[::-1]
     left = [0.0] * len(timed)
-    for p in PARTS:
+    for p in PHASES:
         widths = [float(r.get(p) or 0.0) for r in timed]
-        ax.barh(ys, widths, left=left, color=COLOURS[p], label=PART_NAMES[p], height=0.7)
+        ax.barh(ys, widths, left=left, color=COLOURS[p], label=PHASE_NAMES[p], height=0.7)
         left = [a + b for a, b in zip(left, widths)]
     ax.set_yticks(ys, [f"rank {r['rank']}" for r in timed])
     for tick, r in zip(ax.get_yticklabels(), timed):
@@ -199,17 +201,23 @@ def summary_tables(rep: Report) -> Group:
     strag = rep.straggler.get("rank") if rep.straggler else None
     ranks = Table(title="per rank (whole-run means, ms per optimizer step)", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in ("rank", "host", "device", "samples/s", "step", *(SHORT[p] for p in PARTS)):
+    for name in ("rank", "host", "device", "samples/s", "step", *(SHORT[p] for p in PHASES)):
         ranks.add_column(name, justify="left" if name in ("host", "device") else "right",
                          no_wrap=True)
     for r in rep.ranks:
         ranks.add_row(str(r["rank"]), str(r.get("host", "-")), str(r.get("device", "-")),
                       fmt_value(r.get("samples_per_s"), ".1f"), fmt_value(r.get("step_ms"), ".1f"),
-                      *(fmt_value(r.get(p), ".1f") for p in PARTS),
+                      *(fmt_value(r.get(p), ".1f") for p in PHASES),
                       style="bold red" if r["rank"] == strag else None)
     verdict = (Text(str(rep.straggler.get("message")), style="bold red") if rep.straggler
                else Text("no straggler: the ranks kept pace", style="green"))
-    return Group(run, ranks, verdict, Text(f"picture: {rep.run_dir / REPORT_PNG}"))
+    memory = memory_feedback(rep.summary, rep.run_dir)   # measured vs asked (plan/feedback.py)
+    lines = [Text(line) for line in feedback_lines(memory)] if memory else []
+    if rep.summary.get("script"):   # a user script's run: what it cannot show (monitor/script_live.py)
+        from disttrain.monitor.top import SCRIPT_NOTE
+
+        lines.append(Text(SCRIPT_NOTE, style="dim"))
+    return Group(run, ranks, verdict, *lines, Text(f"picture: {rep.run_dir / REPORT_PNG}"))
 
 
 def fmt_value(value: Any, fmt: str) -> str:

@@ -23,8 +23,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-# The timing columns of a train row (docs/monitoring.md), written under step_ms/.
-_TIMING = ("step_ms", "data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms")
+from disttrain.train.phases import STEP_KEYS
+
 _NOT_METRICS = {"split", "rank", "epoch", "step"}
 
 
@@ -48,7 +48,7 @@ class EventWriter:
                     add(f"samples_per_s/rank{rank}", r["samples_per_s"], step)
                 if rank == 0 and "lr" in r:
                     add("lr", r["lr"], step)
-                for key in _TIMING:
+                for key in STEP_KEYS:   # the timing columns (train/phases.py), under step_ms/
                     if isinstance(r.get(key), int | float):
                         add(f"step_ms/{key.removesuffix('_ms')}/rank{rank}", r[key], step)
             elif r.get("split") == "eval":

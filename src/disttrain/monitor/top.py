@@ -25,9 +25,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from disttrain.monitor.live import PART_NAMES, PARTS, LiveRun, read_live, wait_live
+from disttrain.monitor.live import LiveRun, read_live, wait_live
+from disttrain.train.phases import PHASE_NAMES, PHASES
 
 BAR_WIDTH = 30
+# What a user script's live files cannot carry (monitor/script_live.py), said under its frame.
+SCRIPT_NOTE = ("a script's run: steps and step times from its hooks; samples/s and epochs are "
+               "the script's own (not shown); comm wait includes the backward after the first "
+               "gradient")
 # One colour per part of the step, the same in the bar and the legend.
 COLOURS = {"data_ms": "yellow", "compute_ms": "green", "comm_wait_ms": "magenta",
            "optimizer_ms": "cyan", "other_ms": "bright_black"}
@@ -35,7 +40,7 @@ COLOURS = {"data_ms": "yellow", "compute_ms": "green", "comm_wait_ms": "magenta"
 
 def breakdown_bar(rank: dict[str, Any], width: int = BAR_WIDTH) -> Text:
     """The step's parts as one bar of `width` cells, each part's share in its colour."""
-    parts = [(p, max(0.0, float(rank.get(p) or 0.0))) for p in PARTS]
+    parts = [(p, max(0.0, float(rank.get(p) or 0.0))) for p in PHASES]
     total = sum(v for _, v in parts)
     bar = Text()
     if total <= 0:
@@ -53,8 +58,8 @@ def breakdown_bar(rank: dict[str, Any], width: int = BAR_WIDTH) -> Text:
 
 def legend() -> Text:
     text = Text("bar: ")
-    for p in PARTS:
-        text.append("█ ", style=COLOURS[p]).append(f"{PART_NAMES[p]}  ")
+    for p in PHASES:
+        text.append("█ ", style=COLOURS[p]).append(f"{PHASE_NAMES[p]}  ")
     return text
 
 
@@ -64,7 +69,8 @@ def frame(run: LiveRun, run_dir: Path, bar_width: int = BAR_WIDTH) -> Group:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, justify in (("rank", "right"), ("host", "left"), ("device", "left"),
                           ("step", "right"), ("loss", "right"), ("samples/s", "right"),
-                          ("step ms", "right"), ("breakdown", "left"), ("age", "right")):
+                          ("step ms", "right"), ("slice MiB", "right"), ("breakdown", "left"),
+                          ("age", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
     for r in run.ranks:
         age = run.age_s(r)
@@ -72,6 +78,7 @@ def frame(run: LiveRun, run_dir: Path, bar_width: int = BAR_WIDTH) -> Group:
         table.add_row(str(r.get("rank")), str(r.get("host", "-")), str(r.get("device", "-")),
                       str(r.get("step", "-")), _num(r.get("loss"), ".4f"),
                       _num(r.get("samples_per_s"), ".1f"), _num(r.get("step_ms"), ".1f"),
+                      _num(r.get("slice_used_mib"), ".0f"),   # train/memory.py
                       breakdown_bar(r, bar_width), state,
                       style="bold red" if r.get("rank") == strag else None)
     status = "finished" if run.done else "running"
@@ -82,6 +89,8 @@ def frame(run: LiveRun, run_dir: Path, bar_width: int = BAR_WIDTH) -> Group:
                               f"rank {strag} is the straggler"), style="bold red"))
     elif len(run.ranks) > 1:
         parts.append(Text("no straggler: the ranks keep pace", style="green"))
+    if run.ranks and all(r.get("script") for r in run.ranks):   # monitor/script_live.py
+        parts.append(Text(SCRIPT_NOTE, style="dim"))
     if run.done and not run.ranks:
         parts.append(Text("the job ended before any rank's live file could be read; "
                           f"see `disttrain report {run_dir}`" if run.summary is not None else
@@ -110,8 +119,8 @@ def watch(run_dir: Path, console: Console, *, once: bool = False, interval_s: fl
     run_dir = Path(run_dir)
     reader = read or (lambda: read_live(run_dir))
     run = _first(reader, run_dir, start_timeout_s, read is None)
-    # The bar takes what the other columns (~60 cells) leave of the terminal.
-    width = max(8, min(40, console.width - 62))
+    # The bar takes what the other columns (~70 cells) leave of the terminal.
+    width = max(8, min(40, console.width - 72))
     if once or run.done:
         console.print(frame(run, run_dir, width))
         return 0

@@ -16,7 +16,8 @@ docs/performance.md): `slow-compute:rank=R:factor=F` makes rank R's forward + ba
 F times as long (it sleeps F-1 times its measured compute before each micro-batch's
 forward), `slow-data:rank=R:ms=M` makes each of rank R's batches arrive M ms later (its
 loader's next()); both from optimizer step `step` (default 0) on. The heartbeat never fires
-them; the step timer applies them.
+them: `Slowdown.install` puts them at the step timer's seams (the telemetry owner,
+`train/telemetry.py`, calls it once), and a run without a fault pays nothing per step.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from disttrain import envvars
+
+if TYPE_CHECKING:
+    from disttrain.train.step_timing import StepTimer
 
 FAULT_ACTIONS = ("kill", "stop", "hang", "exit", "raise", "slow-compute", "slow-data")
 SLOWDOWNS = ("slow-compute", "slow-data")
@@ -95,7 +100,7 @@ class Fault:
         in one place for a while would have; a process frozen within one publishing
         interval of its last move is reported where it was last seen.
         """
-        if self.slowdown:  # the step timer applies it (train/step_timing.py)
+        if self.slowdown:  # applied at the step timer's seams (`Slowdown`)
             return
         print(f"disttrain fault injection (testing only): {self.action} rank {self.rank} "
               f"pid {os.getpid()} at {where} t={time.time():.3f}", file=sys.stderr, flush=True)
@@ -112,3 +117,51 @@ class Fault:
             os._exit(3)
         else:
             raise RuntimeError(f"disttrain fault injection: rank {self.rank} at {where}")
+
+
+class Slowdown:
+    """A slow-compute or slow-data fault at the step timer's seams (testing only).
+
+    slow-compute sleeps in `StepTimer.delay_compute`, after the timer marked the start of
+    compute, so the sleep counts as compute: F-1 times the previous micro-batch's compute
+    without its own sleep. slow-data wraps the epoch's batches, inside the timer's data
+    phase. Both act from optimizer step `fault.step` on (`timer.steps`).
+    """
+
+    def __init__(self, fault: Fault, timer: StepTimer) -> None:
+        self.fault, self.timer = fault, timer
+        self._slept = 0.0
+
+    @classmethod
+    def install(cls, timer: StepTimer, rank: int) -> Slowdown | None:
+        """The slowdown `envvars.FAULT` asks of this rank in this restart round, set into
+        `timer`; None (nothing installed) otherwise, the rule outside the tests."""
+        if not envvars.flag(envvars.FAULT):
+            return None
+        fault = Fault.from_env()
+        if (fault is None or not fault.slowdown or fault.rank != rank
+                or fault.restart != envvars.restart_count()):
+            return None
+        slow = cls(fault, timer)
+        if fault.action == "slow-compute":
+            timer.delay_compute = slow.delay_compute
+        return slow
+
+    def delay_compute(self, last_compute_s: float) -> None:
+        pure = max(last_compute_s - self._slept, 0.0)   # the last micro-batch without the sleep
+        self._slept = (self.fault.factor - 1.0) * pure if self.timer.steps >= self.fault.step else 0.0
+        if self._slept:
+            time.sleep(self._slept)
+
+    def batches(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """`batches`, each arriving `fault.ms` later under slow-data (as they are otherwise)."""
+        if self.fault.action != "slow-data":
+            return batches
+        return self._late(batches)
+
+    def _late(self, batches: Iterable[Any]) -> Iterator[Any]:
+        delay = self.fault.ms / 1000
+        for item in batches:
+            if self.timer.steps >= self.fault.step:
+                time.sleep(delay)
+            yield item

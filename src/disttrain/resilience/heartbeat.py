@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from disttrain import envvars
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 KEY_PREFIX = "disttrain/hb/"
 # Order of phases within one optimizer step: the rank furthest behind is the one the
 # others wait for. `step` is the value of `beat(step)`: optimizer steps completed.
-PHASE_ORDER = {"setup": 0, "resume": 1, "eval": 2, "checkpoint": 3, "forward": 4,
+# `data`: a script rank between its optimizer step and its next forward (script_heartbeat).
+PHASE_ORDER = {"setup": 0, "resume": 1, "eval": 2, "checkpoint": 3, "data": 3.5, "forward": 4,
                "backward": 5, "optimizer": 6, "between steps": 7, "finish": 8}
 
 
@@ -57,12 +59,20 @@ class Heartbeat:
     the training loop pays no I/O; the thread's `store.set` (~15 µs) runs once per
     interval. `seq` counts progress marks; `alive` counts publications, so a reader can
     tell a frozen process (neither moves) from one stuck while alive (only `alive` does).
+    `coll` counts the collectives this rank entered and `in_coll` names the one it waits
+    in now (a user script's, `resilience.script_probes`; the Trainer leaves both unset):
+    ranks issue collectives in one order, so the rank that entered fewer is the one the
+    others wait for, and a rank waiting for one that progresses is not stuck.
     """
 
     def __init__(self, rank: int, restart: int = 0, fault: Fault | None = None) -> None:
         self.rank, self.restart = rank, restart
         self.pid, self.host = os.getpid(), socket.gethostname()
         self.step, self.phase, self.seq, self.alive = 0, "setup", 0, 0
+        self.coll, self.in_coll = 0, ""
+        # called by the publishing thread before each publication; True counts as progress
+        # (a script's main thread seen executing Python: `script_heartbeat`)
+        self.probe: Callable[[], bool] | None = None
         armed = fault is not None and fault.rank == rank and fault.restart == restart
         self._fault = fault if armed else None
         self._stop = threading.Event()
@@ -94,7 +104,8 @@ class Heartbeat:
     def record(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": self.pid, "host": self.host,
                 "restart": self.restart, "step": self.step, "phase": self.phase,
-                "seq": self.seq, "alive": self.alive, "t": round(time.time(), 3)}
+                "seq": self.seq, "alive": self.alive, "coll": self.coll,
+                "in_coll": self.in_coll, "t": round(time.time(), 3)}
 
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Phase marks from hooks: backward (the first gradient of a step), optimizer.
@@ -122,6 +133,8 @@ class Heartbeat:
         def loop() -> None:
             while True:
                 try:
+                    if self.probe is not None and self.probe():
+                        self.seq += 1
                     self.flush()
                 except Exception:  # the store is gone: the job is ending
                     return

@@ -187,22 +187,31 @@ class Watchdog:
             if self.frozen_only and not frozen:
                 continue
             rows.append((rank, seen, now - seen.progress_at, frozen))
-        if not any(stale >= self.timeout_s for _, _, stale, _ in rows):
+        # A rank waiting in a collective (a script's record names it: `in_coll`) is not
+        # stuck while a rank outside one still progresses: the rank it waits for is working
+        # (rank 0 evaluating while the others wait at a barrier). Once nobody outside a
+        # collective progresses, the waiting ones count again and the one behind is named.
+        working = any(stale < self.timeout_s and not seen.record.get("in_coll")
+                      for _, seen, stale, _ in rows)
+        if not any(stale >= self.timeout_s and (frozen or not working
+                                                or not seen.record.get("in_coll"))
+                   for _, seen, stale, frozen in rows):
             return None
         suspects = [r for r in rows if r[2] >= self.timeout_s / 2]
 
         def behind(row: tuple[int, _Seen, float, bool]) -> tuple[Any, ...]:
+            # ranks enter collectives in one order: fewer entered (`coll`) is further behind
             rank, seen, stale, frozen = row
             rec = seen.record
-            return (not frozen, int(rec.get("step", 0)), PHASE_ORDER.get(rec.get("phase"), 4),
-                    -stale, rank)
+            return (not frozen, int(rec.get("step", 0)), int(rec.get("coll") or 0),
+                    PHASE_ORDER.get(rec.get("phase"), 4), -stale, rank)
 
         first = min(suspects, key=behind)
         rank, seen, stale, frozen = first
         # Alive ranks at the very same place: which one is outside the collective cannot
         # be told from here, so all are named (and stopped).
         tied = [] if frozen else [r for r in suspects if r is not first and not r[3]
-                                  and behind(r)[1:3] == behind(first)[1:3]]
+                                  and behind(r)[1:4] == behind(first)[1:4]]
         rec = seen.record
         waiting = tuple((r, int(s.record.get("step", 0)), str(s.record.get("phase")))
                         for r, s, _, _ in sorted(suspects, key=lambda x: x[0])

@@ -30,7 +30,8 @@ from disttrain.spec.fields import (
     is_dns1123_subdomain,
 )
 
-__all__ = ["GPU_POLICIES", "VGPU_WORKAROUNDS", "ClusterSpec", "CodeSource", "RequestLimit",
+__all__ = ["GPU_POLICIES", "VGPU_WORKAROUNDS", "ClusterSpec", "CodeSource", "GpuMemOverhead",
+           "RequestLimit",
            "VolumeSpec", "parse_gpumem"]
 # A GPU with 1 TiB of memory does not exist: anything above is a unit mistake.
 GPUMEM_MAX_MIB = 1024 * 1024
@@ -186,11 +187,33 @@ class VolumeSpec(StrictModel):
         return self
 
 
+class GpuMemOverhead(StrictModel):
+    """Overrides of the slice constants of `disttrain.plan.slice` (None: its default,
+    with the source named there): what HAMi charges a slice besides the tensors."""
+
+    context_mib: int | None = Field(None, ge=0, description="CUDA context per process")
+    nccl_mib: int | None = Field(None, ge=0, description="NCCL buffers per process (world > 1)")
+    cublas_mib: int | None = Field(None, ge=0, description="cuBLAS workspaces per process")
+    fragmentation: float | None = Field(None, ge=1.0, le=4.0,
+                                        description="caching allocator reserved / allocated")
+    round_mib: int | None = Field(None, ge=1, description="round the request up to this")
+
+
 class ClusterSpec(StrictModel):
     """Kubernetes placement and resources; see docs/cluster.md."""
 
-    kind: Literal["pod", "job", "pytorchjob"] = Field(
-        "pod", description="pod (one multi-GPU Pod) | job (Indexed Job + Service) | pytorchjob"
+    kind: Literal["pod", "job", "pytorchjob", "jobset", "trainjob"] = Field(
+        "pod", description="pod (one multi-GPU Pod) | job (Indexed Job + Service) | pytorchjob "
+        "| jobset (JobSet: restarts all ranks) | trainjob (Kubeflow Trainer v2)"
+    )
+    queue: str | None = Field(
+        None, description="Kueue LocalQueue: admit all pods of the job or none (docs/cluster.md)"
+    )
+    gang: Literal["coscheduling"] | None = Field(
+        None, description="coscheduling: a scheduler-plugins PodGroup, so all pods start or none"
+    )
+    gang_timeout_s: int = Field(
+        300, ge=1, le=24 * 3600, description="PodGroup scheduleTimeoutSeconds of --gang"
     )
     namespace: str = Field("default", description="Kubernetes namespace")
     image: str | None = Field(None, description="container image (required for the cluster)")
@@ -212,7 +235,13 @@ class ClusterSpec(StrictModel):
     node_selector: dict[str, str] = Field(default_factory=dict, description="pod nodeSelector")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on objects")
     gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod (distinct physical GPUs)")
-    gpumem: int | str | None = Field(None, description="nvidia.com/gpumem per GPU: MiB or '12k'")
+    gpumem: int | str | None = Field(
+        None, description="nvidia.com/gpumem per GPU: MiB, '12k', or auto (the plan's "
+        "request: docs/memory.md)")
+    gpumem_overhead: GpuMemOverhead = Field(
+        default_factory=lambda: GpuMemOverhead(),
+        description="what a slice holds besides tensors (docs/memory.md): context_mib, "
+                    "nccl_mib, cublas_mib, fragmentation, round_mib")
     gpumem_percentage: int | None = Field(
         None, ge=1, le=100, description="nvidia.com/gpumem-percentage 1-100"
     )
@@ -260,7 +289,9 @@ class ClusterSpec(StrictModel):
 
     @field_validator("gpumem", mode="before")
     @classmethod
-    def _gpumem(cls, v: Any) -> int | None:
+    def _gpumem(cls, v: Any) -> int | str | None:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
         return None if v is None else parse_gpumem(v)
 
     @field_validator("gpu_uuid", "gpu_uuid_exclude")
@@ -299,6 +330,14 @@ class ClusterSpec(StrictModel):
         if v in (None, "", 0, "0"):
             return None
         return check_quantity(str(v), "shm")
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, v: str | None) -> str | None:
+        if v is not None and not (is_dns1123_subdomain(v) and len(v) <= 63):
+            raise ValueError(f"{v!r} is not a LocalQueue name (at most 63 lower-case letters, "
+                             f"digits, '-' or '.'; it becomes a label value)")
+        return v
 
     @field_validator("namespace")
     @classmethod

@@ -4,7 +4,8 @@ quantity grammars, and the choice lists.
     class LaunchSpec(StrictModel): ...          # unknown keys, inf/NaN and NUL refused
     is_dns1123_label("mnist-ddp")              # True
     parse_quantity("8Gi")                       # Decimal(8589934592)
-    EXAMPLES                                    # ('digits', 'mnist', 'synthetic', 'seed002')
+    EXAMPLES                                    # ('digits', 'mnist', ..., 'chargpt')
+    example_task("chargpt")                     # 'disttrain.examples.chargpt:make_task'
 
 A choice list is written once, as the `Literal` a field is typed with; code that needs the
 names as a tuple (the comm hook registry, the HAMi preset and workaround tables) takes them from
@@ -16,14 +17,16 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from pathlib import PurePath
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 __all__ = [
-    "COMM_HOOKS", "EXAMPLES", "NCCL_PRESET_NAMES", "VGPU_WORKAROUNDS", "CommHook", "Example",
-    "NcclPreset", "StrictModel", "VgpuWorkaround", "check_quantity", "is_dns1123_label",
-    "is_dns1123_subdomain", "parse_quantity", "parse_task_reference",
+    "COMM_HOOKS", "DEFAULT_TASK", "EXAMPLES", "NCCL_PRESET_NAMES", "VGPU_WORKAROUNDS", "CommHook",
+    "Example", "NcclPreset", "StrictModel", "VgpuWorkaround", "check_quantity", "dns_label",
+    "example_task", "is_dns1123_label", "is_dns1123_subdomain", "parse_quantity",
+    "parse_task_reference", "task_file", "task_job_name",
 ]
 
 # -- choice lists ----------------------------------------------------------------------------
@@ -54,8 +57,30 @@ def is_dns1123_subdomain(text: str) -> bool:
 
 
 # -- task references ---------------------------------------------------------------------------
+# The built-in jobs are tasks like any user's (docs/your-model.md): `--example NAME` and an old
+# spec's `example: NAME` are short for this reference, and a job with neither a script nor a
+# task trains the first one.
+EXAMPLE_TASK = "disttrain.examples.{}:make_task"
+DEFAULT_TASK = EXAMPLE_TASK.format("digits")
+
+
+def example_task(name: str) -> str:
+    """The task reference a built-in job's short name stands for: 'chargpt' ->
+    'disttrain.examples.chargpt:make_task'."""
+    return EXAMPLE_TASK.format(name)
+
+
+def task_file(ref: str) -> str | None:
+    """The file a reference names ('../x/mytask.py:fn' -> '../x/mytask.py'), None for a
+    module reference ('pkg.mod:fn')."""
+    module = ref.rpartition(":")[0]
+    return module if module.endswith(".py") else None
+
+
 def parse_task_reference(ref: str) -> tuple[str, str]:
-    """'pkg.mod:make_task' -> ('pkg.mod', 'make_task'); a file path 'tasks/my.py:fn' too.
+    """'pkg.mod:make_task' -> ('pkg.mod', 'make_task'); a file 'tasks/my.py:fn' ->
+    ('my', 'fn'): a file is imported by its stem with its folder first on the path, as
+    `python tasks/my.py` would (absolute and ../ paths too).
 
     The syntax alone (nothing is imported), so the spec can check a `task:` without torch;
     `disttrain.train.task` imports the module.
@@ -67,10 +92,29 @@ def parse_task_reference(ref: str) -> tuple[str, str]:
     if not sep or not module or not attr.isidentifier():
         raise ValueError("write it as module:function (e.g. mytask:make_task)")
     if module.endswith(".py"):
-        module = module[:-3].replace("/", ".").replace("\\", ".").strip(".")
+        stem = PurePath(module.replace("\\", "/")).stem
+        if not stem.isidentifier():
+            raise ValueError(f"{PurePath(module).name!r}: a task file's name must be an importable "
+                             f"module name (letters, digits, '_'; e.g. my_task.py)")
+        return stem, attr
     if not all(part.isidentifier() for part in module.split(".")):
         raise ValueError(f"{module!r} is not an importable module name")
     return module, attr
+
+
+def task_job_name(ref: str) -> str:
+    """The job name a task reference gives a run when none is set (DNS-1123, as a script's
+    stem does): 'disttrain.examples.chargpt:make_task' -> 'chargpt', 'mytask:build_small' ->
+    'mytask-build-small', '/abs/x/my_task.py:make_task' -> 'my-task'."""
+    module, attr = parse_task_reference(ref)
+    words = module.rpartition(".")[2] + ("" if attr == "make_task" else f"-{attr}")
+    return dns_label(words, fallback="task")
+
+
+def dns_label(text: str, fallback: str) -> str:
+    """A DNS-1123 label from any text: `multigpu_torchrun` -> `multigpu-torchrun`."""
+    name = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:63].rstrip("-")
+    return name or fallback
 
 
 # -- Kubernetes quantities -------------------------------------------------------------------

@@ -1,12 +1,21 @@
 """The job spec: one description of a training job, for local runs and the cluster.
 
     spec = JobSpec.from_yaml("job.yaml", overrides={"epochs": 3})
-    spec = JobSpec()                      # the built-in main job
+    spec = JobSpec()                      # the built-in main job (digits)
+    spec = JobSpec(task="mytask:make_task", task_args={"hidden": 256})
 
 A `JobSpec` is loaded from YAML and every field can be overridden by a CLI flag of the
 same name (`--epochs 3`, `--nproc-per-node 2`): field names are unique across sections
 so flags need no section prefix. The spec package is a leaf (it imports nothing of
 disttrain but `errors`) so every other module can take a JobSpec without import cycles.
+
+Every job is either a `script` (the user's own loop under torchrun) or a `task` (a
+TrainTask reference the built-in Trainer trains): the built-in jobs are tasks too, and a
+job with neither trains `disttrain.examples.digits:make_task`. An old spec's `example: NAME`
+is read as `task: disttrain.examples.NAME:make_task`; the example options that used to be
+`train` fields (data_dir, download, num_samples, input_size, hidden_size) are the task's
+arguments (`task_args`), and a spec that still sets one is refused naming the new form.
+Without a `name`, a job is named after its task or script (`chargpt`, `train`).
 
 Bad input raises `SpecError` whose message names the file, the field path, the value
 and what is allowed; the CLI prints it and exits 2. Cross-field rules the spec alone
@@ -16,9 +25,10 @@ decides are validators here and name the flag to change; rules that need the mac
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 import yaml
@@ -26,10 +36,27 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from disttrain.errors import SpecError
 from disttrain.spec.cluster import ClusterSpec
-from disttrain.spec.fields import CommHook, Example, StrictModel, is_dns1123_label, parse_task_reference
+from disttrain.spec.fields import (
+    DEFAULT_TASK,
+    EXAMPLES,
+    CommHook,
+    StrictModel,
+    dns_label,
+    example_task,
+    is_dns1123_label,
+    parse_task_reference,
+    task_job_name,
+)
+from disttrain.spec.parallelism import ParallelismSpec, check_supported, resolve_degrees
 from disttrain.spec.paths import check_readable_file
 
 MAX_PROCS = 1024  # processes or threads per node: more is a typo, not a machine
+
+# The built-in examples' options that were `train` fields, with the value an old job.yaml
+# holds when they were not set: such a dump still loads; any other value is refused, naming
+# task_args (they are the arguments of the tasks that take them: disttrain.examples.*).
+MOVED_TO_TASK_ARGS: dict[str, Any] = {"data_dir": None, "download": False, "num_samples": None,
+                                      "input_size": None, "hidden_size": 512}
 
 
 class LaunchSpec(StrictModel):
@@ -48,6 +75,11 @@ class LaunchSpec(StrictModel):
     )
     rdzv_id: str | None = Field(None, description="rendezvous id (default: the job name)")
     max_restarts: int = Field(0, ge=0, description="torchrun elastic restarts of failed workers")
+    rdzv_timeout_s: int | None = Field(
+        None, ge=10, le=24 * 3600,
+        description="seconds every node has to reach the rendezvous before the job fails "
+                    "naming who is missing (default 180 with several nodes; torchrun's is 600)"
+    )
     launcher: Literal["torchrun", "spawn", "env"] = Field(
         "torchrun", description="torchrun (default), spawn (mp.spawn), env (one rank from env vars)"
     )
@@ -77,7 +109,8 @@ class LaunchSpec(StrictModel):
 
 
 class TrainSpec(StrictModel):
-    """What the built-in Trainer does (ignored by user scripts, which get `args`)."""
+    """How the built-in Trainer trains a task: loop settings only (what to train, and its
+    options, are the task and its `task_args`). Ignored by user scripts, which get `args`."""
 
     strategy: Literal["none", "dp", "ddp", "fsdp"] = Field("ddp", description="parallel strategy")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast precision")
@@ -98,15 +131,15 @@ class TrainSpec(StrictModel):
     seed: int = Field(0, ge=0, le=2**63 - 1, description="random seed (model init, data order)")
     run_dir: str | None = Field(None, description="output folder (default runs/<name>; a "
                                 "script's attempts: <run dir or runs/<script stem>>/run-N)")
+    output_dir: str | None = Field(
+        None, description="where the trained model is saved in its library's format at the end "
+        "(the causal-LM recipe: a Hugging Face directory; docs/finetune.md); on the cluster a "
+        "PVC or hostPath mount, not the pod's emptyDir"
+    )
     checkpoint_every_epochs: int = Field(1, ge=0, description="checkpoint interval, 0 = off")
     checkpoint_every_steps: int = Field(0, ge=0, description="checkpoint every N optimizer steps")
     resume: bool = Field(False, description="continue from the run dir's last checkpoint")
     log_every_steps: int = Field(10, ge=1, description="loss logging interval (steps)")
-    data_dir: str | None = Field(None, description="dataset folder (mnist: IDX files)")
-    download: bool = Field(False, description="allow downloading a missing dataset")
-    num_samples: int | None = Field(None, ge=8, description="dataset size (synthetic, seed002)")
-    input_size: int | None = Field(None, ge=1, description="model input size (default: data's)")
-    hidden_size: int = Field(512, ge=1, description="SimpleNet hidden width")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
     threads: int | None = Field(
         None, ge=1, le=MAX_PROCS,
@@ -122,14 +155,13 @@ class TrainSpec(StrictModel):
 class JobSpec(StrictModel):
     """A training job: what to run, how to launch it, how to train, where (cluster)."""
 
-    name: str = Field("disttrain", description="job name (DNS-1123: lower case, digits, '-')")
+    name: str = Field("disttrain", description="job name (DNS-1123: lower case, digits, '-'; "
+                      "default: from the task or script, `disttrain` for the built-in job)")
     script: str | None = Field(None, description="user training script run by torchrun")
-    example: Example | None = Field(
-        None, description="built-in job to run when no script or task is given (default digits)"
-    )
     task: str | None = Field(
-        None, description="your model as a TrainTask: module:function returning one (e.g. "
-        "mytask:make_task), trained by the built-in Trainer (docs/your-model.md)"
+        None, description="what the built-in Trainer trains: a TrainTask factory, "
+        "module:function or path/file.py:function (e.g. mytask:make_task; the built-in jobs "
+        f"are disttrain.examples.NAME:make_task, the default {DEFAULT_TASK}; docs/your-model.md)"
     )
     task_args: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments for the task's function, a mapping "
@@ -141,6 +173,7 @@ class JobSpec(StrictModel):
     args: list[str] = Field(default_factory=list, description="arguments passed to the script")
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
 
     @field_validator("name")
@@ -174,19 +207,61 @@ class JobSpec(StrictModel):
                 raise ValueError(f"{key}: {problem}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kind_of_job(cls, data: Any) -> Any:
+        """A script or a task, nothing else: the old `example:` becomes its task reference,
+        old example fields in `train` are refused naming their new place, a job without a
+        script or a task trains the default task, and an unnamed job is named after its
+        task or script (the built-in default job keeps `disttrain`)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        example = data.pop("example", None)
+        if example is not None:
+            if example not in EXAMPLES:
+                raise ValueError(f"example: must be one of {', '.join(EXAMPLES)} (got {example!r})")
+            if data.get("script"):
+                raise ValueError("give either 'script' or 'example', not both")
+            if data.get("task"):
+                raise ValueError("task: give either 'task' (your TrainTask) or 'example' (a built-in "
+                                 f"job, short for task: {example_task(example)}), not both")
+            data["task"] = example_task(example)
+        train = data.get("train")
+        if isinstance(train, dict):
+            for key, value in train.items():
+                if key in MOVED_TO_TASK_ARGS and value != MOVED_TO_TASK_ARGS[key]:
+                    raise ValueError(
+                        f"train.{key}: an example option is a task argument now: write "
+                        f"task_args: {{{key}: {value}}} (or --{key.replace('_', '-')}) for a task "
+                        f"that takes it (docs/your-model.md)")
+            data["train"] = {k: v for k, v in train.items() if k not in MOVED_TO_TASK_ARGS}
+        script, task = data.get("script"), data.get("task")
+        if "name" not in data and isinstance(script, str) and script:
+            data["name"] = dns_label(PurePath(script).stem, fallback="script")
+        elif "name" not in data and isinstance(task, str) and task:
+            with contextlib.suppress(ValueError):  # a bad reference: the field's own message
+                data["name"] = task_job_name(task)
+        if not script and not task:
+            data["task"] = DEFAULT_TASK
+        return data
+
     @model_validator(mode="after")
     def _one_workload(self) -> JobSpec:
-        if self.script and self.example:
-            raise ValueError("give either 'script' or 'example', not both")
         if self.task and self.script:
             raise ValueError("task: give either 'task' (a TrainTask the built-in Trainer trains) or "
                              "'script' (your own loop under torchrun), not both")
-        if self.task and self.example:
-            raise ValueError("task: give either 'task' (your TrainTask) or 'example' (a built-in "
-                             "job), not both")
-        if self.task_args and not self.task:
-            raise ValueError("task_args: they are the arguments of a task's function; set 'task' "
-                             "(--task module:function) too, or remove task_args")
+        if self.task_args and self.script:
+            raise ValueError("task_args: they are the arguments of a task's function, and a script "
+                             "takes its own after --; remove task_args, or give --task instead")
+        return self
+
+    @model_validator(mode="after")
+    def _rendezvous_deadline(self) -> JobSpec:
+        if (self.launch.rdzv_timeout_s is not None and self.launch.nnodes == 1
+                and not self.cluster.elastic_nodes):
+            raise ValueError("launch.rdzv_timeout_s: one node has no rendezvous between "
+                             "nodes to wait for; drop it, or use --nnodes 2 or more")
         return self
 
     @model_validator(mode="after")
@@ -217,14 +292,22 @@ class JobSpec(StrictModel):
                              "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
         return self
 
-    # -- derived values -------------------------------------------------------------
-    @property
-    def workload(self) -> str:
-        """The built-in example to run, 'task' (the user's TrainTask) or 'script'."""
+    @model_validator(mode="after")
+    def _mesh_degrees(self) -> JobSpec:
+        """The parallelism degrees against the world size, when the spec alone fixes it
+        (an `auto` process count is checked in every rank: `check_runnable`)."""
+        if self.parallelism == ParallelismSpec():
+            return self
         if self.script:
-            return "script"
-        return "task" if self.task else (self.example or "digits")
+            raise ValueError("parallelism: the built-in Trainer's mesh; a script builds its own "
+                             "(torch.distributed.device_mesh); remove the section or the flags")
+        nproc = self.launch.nproc_per_node
+        if isinstance(nproc, int) and not self.cluster.elastic_nodes:
+            check_supported(resolve_degrees(self.parallelism, self.launch.nnodes * nproc),
+                            self.train.strategy)
+        return self
 
+    # -- derived values -------------------------------------------------------------
     @property
     def run_dir(self) -> Path:
         return Path(self.train.run_dir or f"runs/{self.name}")
@@ -268,12 +351,14 @@ class JobSpec(StrictModel):
         return cls.from_dict(data, overrides, source=str(p))
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude={"launch": {"port_explicit"}}),
-                              sort_keys=False)
+        exclude: dict[str, Any] = {"launch": {"port_explicit"}}
+        if self.parallelism == ParallelismSpec():  # a plain data-parallel job's dump stays as it was
+            exclude["parallelism"] = True
+        return yaml.safe_dump(self.model_dump(mode="json", exclude=exclude), sort_keys=False)
 
 
 SECTIONS: dict[str, type[StrictModel]] = {"launch": LaunchSpec, "train": TrainSpec,
-                                           "cluster": ClusterSpec}
+                                           "parallelism": ParallelismSpec, "cluster": ClusterSpec}
 
 
 def field_index() -> dict[str, tuple[str | None, Any]]:
@@ -295,6 +380,9 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     index = field_index()
     merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     for name, value in overrides.items():
+        if name == "example":  # the short form of a task reference (`_one_kind_of_job`)
+            merged[name] = value
+            continue
         if name not in index:
             raise SpecError(f"unknown option {name!r}")
         section, _ = index[name]
@@ -331,7 +419,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_FIELD_PREFIX = re.compile(r"((?:launch|train|cluster)\.[a-z_]+|task|task_args): ")
+_FIELD_PREFIX = re.compile(r"((?:launch|train|cluster|parallelism)\.[a-z_]+|task|task_args|example"
+                           r"|parallelism): ")
 
 
 def _json_problem(value: Any, depth: int = 0) -> str | None:

@@ -158,3 +158,24 @@ def is_directory(path: str | os.PathLike[str]) -> bool:
         return stat.S_ISDIR(os.stat(path).st_mode)
     except (OSError, ValueError):
         return False
+
+
+def locate_task_file(task: str, folder: str | os.PathLike[str]) -> tuple[str, Path] | None:
+    """A task given as a file (`../x/mytask.py:fn`, `/abs/mytask.py:fn`), found relative to
+    `folder` (the spec file's or the current folder): `('mytask:fn', its folder)`, which is
+    how workers import it and k8s/code.py ships it (the file's folder on the path, as
+    `python FILE` does); None for a module reference (`pkg.mod:fn`).
+
+    Raises:
+        SpecError: the file is not there (or not readable), naming where it was looked for.
+    """
+    module, _, attr = task.rpartition(":")
+    if not module.endswith(".py"):
+        return None
+    path = Path(folder) / module  # an absolute `module` replaces `folder`
+    problem = file_problem(path, kind="task file")
+    if problem is not None:
+        raise SpecError(f"task: {shown(path)}: {problem}; give the path of an existing .py file "
+                        f"(absolute, or relative to {shown(folder)})")
+    resolved = path.resolve()
+    return f"{resolved.stem}:{attr}", resolved.parent

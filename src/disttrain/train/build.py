@@ -1,14 +1,16 @@
 """Assemble a Trainer from a JobSpec and a TrainTask: model, loaders, strategy, optimizer,
 schedule, writer.
 
-    trainer = build_trainer(spec, rt)              # the spec's task, or its built-in example
+    trainer = build_trainer(spec, rt)              # the spec's task (built-in ones too)
     trainer = build_trainer(spec, rt, task)        # any TrainTask (what disttrain.fit does)
+    task = task_for(spec)                          # only the task (reference + task_args)
 
 Kept apart from the loop (torchtitan keeps config, parallelism and loop apart) so that
 `Trainer` only stores already-built parts and tests can build one from pieces. The model
-and data come from the task (the built-in workloads are tasks too: `examples/workload.py`);
-everything after that step is the same for any model. Choices made here, each printed in
-the start banner and stored in summary.json (`RunInfo`):
+and data come from the task, built from the spec's reference and task_args by
+`train.task.load_task` (the built-in jobs are tasks too: `disttrain.examples.digits:make_task`,
+...; nothing here knows them); everything after that step is the same for any model.
+Choices made here, each printed in the start banner and stored in summary.json (`RunInfo`):
 - the loader: in-memory (input, target) tensors are gathered by index (`ShardedLoader`),
   any other map-style Dataset goes through a DataLoader (`DatasetLoader`), both in the
   same DistributedSampler order; an IterableDataset shards itself (`IterableLoader`);
@@ -48,7 +50,7 @@ from disttrain.train.loader import DatasetLoader, SampledLoader, ShardedLoader, 
 from disttrain.train.optim import build_optimizer, describe, global_batch, scaled_lr, warmup_lambda
 from disttrain.train.precision import Precision
 from disttrain.train.run_info import RunInfo
-from disttrain.train.task import TaskError, TrainTask, load_task
+from disttrain.train.task import TaskError, TrainTask, load_task, task_warmed
 from disttrain.train.trainer import Trainer
 
 __all__ = ["build_trainer", "make_loader", "make_model", "planned_steps", "task_for"]
@@ -63,19 +65,13 @@ def planned_steps(cfg: TrainSpec, batches_per_epoch: int) -> int:
     return min(total, cfg.max_steps) if cfg.max_steps else total
 
 
-def task_for(spec: JobSpec, rt: Runtime) -> tuple[TrainTask, dict[str, Any]]:
-    """The spec's task (`task: module:function`) or its built-in example, and facts about
-    its data for summary.json."""
-    if spec.script:
-        raise SpecError("build_trainer trains a task or a built-in example; a script runs "
-                        "under torchrun (`disttrain run SCRIPT`)")
-    ref = getattr(spec, "task", None)
-    if ref:
-        search = [getattr(spec, "task_dir", None) or ".", "."]
-        return load_task(ref, getattr(spec, "task_args", None) or {}, search=search), {}
-    from disttrain.examples.workload import builtin_task
-
-    return builtin_task(spec, rt)
+def task_for(spec: JobSpec) -> TrainTask:
+    """The spec's task, built from its reference and `task_args` (`load_task`), the module
+    looked for in the spec's task_dir, then the current folder."""
+    if spec.script or not spec.task:
+        raise SpecError("build_trainer trains a task; a script runs under torchrun "
+                        "(`disttrain run SCRIPT`)")
+    return load_task(spec.task, spec.task_args, search=[spec.task_dir or ".", "."])
 
 
 def make_model(task: TrainTask, seed: int, rt: Runtime) -> nn.Module:
@@ -119,9 +115,9 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     """Everything a run needs, on this rank's device.
 
     Args:
-        spec: the job (its `train` section; `task` or `example` when `task` is None).
+        spec: the job (its `train` section; its `task` when `task` is None).
         rt: this process's runtime.
-        task: what to train; default: the spec's task reference or built-in example.
+        task: what to train; default: the spec's task (`task_for`).
         writer: rank 0's run-directory writer (default: created here on rank 0).
 
     Raises:
@@ -134,9 +130,10 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     strategy, note = resolve_strategy(cfg.strategy, rt)
     notes += [note] if note else []
     precision = Precision.create(cfg.precision, rt.device, sharded=strategy == "fsdp")
-    facts: dict[str, Any] = {}
+    # the data is the warm fork server's shared copy (launch/forkserver_preload.py)
+    preloaded = task is None and task_warmed(spec.task, spec.task_args)
     if task is None:
-        task, facts = task_for(spec, rt)
+        task = task_for(spec)
     model = make_model(task, cfg.seed, rt)
     if cfg.grad_ckpt:
         notes.append(f"activation checkpointing: {enable_grad_ckpt(model)}")
@@ -148,7 +145,10 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     opts = WrapOptions(fsdp_sharding=cfg.fsdp_sharding,
                        fsdp_reduce_dtype=REDUCE_DTYPES.get(cfg.comm_hook), fsdp_unit_types=blocks)
     fsdp_bytes = _fsdp_bytes(model, strategy, cfg.comm_hook)  # before sharding: full sizes
-    model = wrap(model, strategy, rt, opts)
+    if task.load_weights is None:
+        model = wrap(model, strategy, rt, opts)
+    else:  # built on meta: the task reads the weights once and wraps where it must
+        model = task.load_weights(model, rt, strategy, lambda m: wrap(m, strategy, rt, opts))
     loader = make_loader(task, cfg, rt)
     comm: CommStats | None = None
     if strategy == "ddp":
@@ -161,8 +161,10 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     if cfg.warmup_steps:
         notes.append(f"lr warm-up: linear from {lr / cfg.warmup_steps:g} to {lr:g} over "
                      f"{cfg.warmup_steps} optimizer steps")
-    optimizer = (task.optimizer(model.parameters(), lr) if task.optimizer is not None
-                 else build_optimizer(cfg.optimizer, model.parameters(), lr))
+    # Frozen parameters (a LoRA base) are not the optimizer's: no state, no update.
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = (task.optimizer(trainable, lr) if task.optimizer is not None
+                 else build_optimizer(cfg.optimizer, trainable, lr))
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TaskError(f"the task's optimizer factory returned {type(optimizer).__name__}, "
                         f"not a torch.optim.Optimizer")
@@ -180,7 +182,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
         comm_hook=cfg.comm_hook if strategy in ("ddp", "fsdp") else "none",
         optimizer=describe(optimizer), torch_version=torch.__version__,
         train_samples=_length(task.train_data), test_samples=_length(task.eval_data),
-        data_preloaded=bool(facts.get("data_preloaded", False)),
+        data_preloaded=preloaded,
         allreduce_bytes_per_step=fsdp_bytes, run_dir=spec.run_dir, notes=notes,
     )
     for line in notes:

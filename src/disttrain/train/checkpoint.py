@@ -47,7 +47,8 @@ from torch import nn
 from disttrain import envvars
 from disttrain.distributed.runtime import Runtime
 from disttrain.distributed.strategies import is_fsdp, unwrap
-from disttrain.errors import CheckpointError
+from disttrain.errors import CheckpointError, IncompatibleCheckpoint
+from disttrain.train.ckpt_compat import resume_fix, state_dict_mismatch
 from disttrain.train.ckpt_integrity import (
     Digest,
     HashingWriter,
@@ -410,6 +411,8 @@ class Checkpointer:
                 nodes do not share, e.g. each pod's own disk, would silently
                 desynchronise them), or one saved at another world size (the data order
                 would differ).
+            IncompatibleCheckpoint: one saved from another model (keys or shapes differ,
+                named) or optimizer (train/ckpt_compat.py).
         """
         found = load_latest(self.ckpt_dir, report=self.rt.is_rank0)
         steps = self.rt.all_gather_object(None if found is None else found[0]["step"])
@@ -420,6 +423,12 @@ class Checkpointer:
         if found is None:
             return None
         ckpt, path = found
+        if not ckpt.get("dcp"):   # before torch's load_state_dict error, from our frames
+            problem = state_dict_mismatch(unwrap(self.model).state_dict(), ckpt["model"])
+            if problem is not None:
+                raise IncompatibleCheckpoint(
+                    f"resume: {path} does not fit this model: {problem}; "
+                    f"{resume_fix(str(self.ckpt_dir.parent))}")
         if ckpt.get("world_size") != self.rt.world_size:
             raise CheckpointError(f"{path}: saved with world size {ckpt.get('world_size')}, "
                                   f"this job has {self.rt.world_size}; the data order would differ")
@@ -427,7 +436,13 @@ class Checkpointer:
             load_sharded(path.parent / ckpt["dcp"], self.model, self.optimizer)
         else:
             unwrap(self.model).load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            try:
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+            except (ValueError, KeyError) as exc:  # same weights, another optimizer's state
+                raise IncompatibleCheckpoint(
+                    f"resume: {path}: its optimizer state does not fit this optimizer "
+                    f"({str(exc).splitlines()[0][:200]}); "
+                    f"{resume_fix(str(self.ckpt_dir.parent))}") from None
         self.scheduler.load_state_dict(ckpt["scheduler"])
         if self.precision.scaler and ckpt.get("scaler"):
             self.precision.scaler.load_state_dict(ckpt["scaler"])

@@ -10,12 +10,16 @@
 Everything `disttrain run --task` gives (the run directory, exact resume, the sync check,
 the stall heartbeat), from the user's own entry point. Outside torchrun it trains in one
 process. The spec is optional: its `train` section's defaults apply (docs/your-model.md).
+Under `disttrain run train.py` it writes into the run directory that command made for the
+attempt (`runs/train/run-N`: the logs, summary.json and checkpoints together), unless the
+spec sets `train.run_dir`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from disttrain import envvars
 from disttrain.spec.job import JobSpec
 from disttrain.train.task import TrainTask
 
@@ -40,6 +44,9 @@ def fit(task: TrainTask, spec: JobSpec | None = None, *, backend: str | None = N
     from disttrain.train.build import build_trainer
 
     spec = spec or JobSpec()
+    made = envvars.launcher_run_dir()
+    if made and spec.train.run_dir is None:  # under `disttrain run SCRIPT`: the run dir it made
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"run_dir": made})})
     with runtime.setup(backend or spec.launch.backend, spec.launch.timeout_s,
                        threads=spec.train.threads) as rt:
         summary = build_trainer(spec, rt, task).fit()

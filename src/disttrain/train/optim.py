@@ -60,13 +60,23 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float,
         SpecError: an unknown optimizer name.
     """
     params = list(params)
+    # tensor parallel leaves DTensor shards next to plain replicated tensors, and the fused
+    # and foreach kernels refuse a mix ("got mixed torch.Tensor and DTensor"): per tensor then
+    foreach = False if _mixes_dtensor(params) else None
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=foreach)
     if name != "adam":
         raise SpecError(f"unknown optimizer {name!r}; choose adam or sgd")
     if fused is None:
-        fused = fused_supported(params)
-    return torch.optim.Adam(params, lr=lr, fused=fused or None)
+        fused = foreach is None and fused_supported(params)
+    return torch.optim.Adam(params, lr=lr, fused=fused or None, foreach=foreach)
+
+
+def _mixes_dtensor(params: list[torch.nn.Parameter]) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    kinds = {isinstance(p, DTensor) for p in params}
+    return len(kinds) > 1
 
 
 def fused_supported(params: Iterable[torch.nn.Parameter]) -> bool:

@@ -20,7 +20,7 @@ class RunInfo:
     """The resolved settings of one run; field order is summary.json's key order."""
 
     name: str
-    workload: str                 # the built-in workload the spec names (its field `example`)
+    workload: str                 # the task's name (TrainTask.name: digits, chargpt, yours)
     strategy: str                 # as asked (train.strategy)
     strategy_effective: str       # what runs: ddp/fsdp at world size 1 run as none
     backend: str

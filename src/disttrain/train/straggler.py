@@ -25,14 +25,13 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-__all__ = ["CAUSES", "MIN_SHARE", "PHASES", "find_straggler"]
+__all__ = ["CAUSES", "MIN_SHARE", "WINDOWS", "StragglerWatch", "find_straggler"]
 
-# The per-rank means (milliseconds per optimizer step) an entry carries.
-PHASES = ("data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms")
 CAUSES = {"compute": "compute_ms", "data": "data_ms", "communication": "comm_wait_ms"}
 MIN_SHARE = 0.05    # an excess below 5% of the median step is never a straggler
 _AS_FAST = 0.9      # "computes and loads as fast": at least 0.9x the others' compute + data
 _FLOOR_MS = 1e-3    # a median of 0 ms (no data wait at all) divides as 1 µs
+WINDOWS = 3         # the live verdict: the same rank, for the same cause, in this many consecutive intervals
 
 
 def find_straggler(ranks: list[dict[str, Any]], threshold: float = 1.5) -> dict[str, Any] | None:
@@ -40,7 +39,7 @@ def find_straggler(ranks: list[dict[str, Any]], threshold: float = 1.5) -> dict[
 
     Args:
         ranks: one entry per rank, shaped like summary.json's `ranks` (`rank`, `host`,
-            `device`, `step_ms` and the phases of `PHASES`; an optional `limit`, the
+            `device`, `step_ms` and the phases of `train/phases.py`; an optional `limit`, the
             HAMi limit the rank runs under, goes into the message).
         threshold: how many times the other ranks' median a rank's time in one cause
             must exceed to be named (1.5: 50% slower).
@@ -105,3 +104,30 @@ def _message(entry: dict[str, Any], cause: str, factor: float, ranks: list[dict[
         return (f"{who} is the straggler: it waits {factor:.1f}x longer in the gradient all-reduce "
                 f"than the median rank while it computes and loads as fast: its network is the slow part")
     return f"{who} is the straggler: {what}; the others wait for it in the all-reduce {wait:.0%} of each step"
+
+
+class StragglerWatch:
+    """Rank 0's live verdict: said once, when the same rank is named for the same cause
+    in `WINDOWS` consecutive logging intervals (one slow interval is noise: a checkpoint,
+    a neighbour's burst), so a verdict needs a slowdown that lasts."""
+
+    def __init__(self, threshold: float = 1.5) -> None:
+        self.threshold = threshold
+        self.verdict: dict[str, Any] | None = None
+        self._streak: tuple[Any, Any, int] = (None, None, 0)
+
+    def window(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """One interval's per-rank means; returns the verdict the first time it is made."""
+        if self.verdict is not None:
+            return None
+        v = find_straggler(entries, self.threshold)
+        if v is None:
+            self._streak = (None, None, 0)
+            return None
+        rank, cause, n = self._streak
+        n = n + 1 if (rank, cause) == (v["rank"], v["cause"]) else 1
+        self._streak = (v["rank"], v["cause"], n)
+        if n >= WINDOWS:
+            self.verdict = v
+            return v
+        return None

@@ -15,24 +15,32 @@ all-reduce per optimizer step, AMP, comm hooks, FSDP, exact resume, metrics summ
 every rank's shard, the sync check, the run directory (docs/your-model.md). The task says
 only what is the user's: what the model is, what a batch is, and what the loss of a batch is.
 
-A task is resolved from a `module:function` reference by `load_task`, with the spec file's
-folder and the current folder on `sys.path`, so a pod that runs the shipped module finds it
-the same way a local run does.
+A task is built from a reference by `load_task` (the one entry: reference + task_args ->
+TrainTask), with the spec file's folder and the current folder on `sys.path`, so a pod that
+runs the shipped module finds it the same way a local run does. A reference is
+`module:function` or `path/to/file.py:function` (the file's folder goes first on the path,
+as `python path/to/file.py` would do). `task_args` are validated against the function's
+signature and annotations by pydantic (`validate_call`) before anything runs, so
+`{"n": "lots"}` for `n: int` is one line naming `n`. The built-in jobs are tasks too
+(`disttrain.examples.digits:make_task`, ...); `task_hooks` lets a factory add a check
+that runs before launch and data that the warm fork server loads once for all workers.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import sys
 import traceback
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from disttrain.errors import SpecError
-from disttrain.spec.fields import parse_task_reference
+from disttrain.errors import FailureKind, SpecError
+from disttrain.spec.fields import parse_task_reference, task_file
 
 # name -> fn(outputs, batch) -> (sum, count): summed over every rank's shard, then divided
 Metric = Callable[[Any, Any], "tuple[Any, Any]"]
@@ -42,6 +50,8 @@ OptimizerFactory = Callable[[Iterable[Any], float], Any]   # (params, lr) -> tor
 
 class TaskError(SpecError):
     """A task reference or a TrainTask that cannot be trained; the message names the fix."""
+
+    kind = FailureKind.TASK   # a rank that raises it: `disttrain run` says it once, exits 2
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,15 @@ class TrainTask:
         fsdp_block: the module class (or classes) FSDP wraps one unit per instance of (a
             transformer block); default: the model's direct children that hold parameters.
         name: how the run is called in banners and summary.json; default: the factory's name.
+        load_weights: for a model factory that builds on the meta device (a pretrained model
+            read from disk once, `disttrain.recipes`): `load_weights(model, rt, strategy,
+            wrap) -> model` gives the parameters their values and calls `wrap(model)` where
+            it must (before the values for FSDP2, after them for DDP); default: the
+            factory's own values, then `wrap(model)`.
+        on_end: `on_end(model, rt, output_dir, eval) -> dict`, called on every rank after
+            training ended (not when it was stopped to resume later), after the sync check:
+            the task saves what lasts (the recipe: the model in Hugging Face format to
+            `train.output_dir`, None when unset) and returns entries for summary.json.
     """
 
     model: Any
@@ -79,6 +98,11 @@ class TrainTask:
     collate_fn: Callable[[list[Any]], Any] | None = None
     fsdp_block: type | tuple[type, ...] | None = None
     name: str | None = None
+    load_weights: Callable[..., Any] | None = None
+    on_end: Callable[..., Mapping[str, Any]] | None = None
+    # tensor parallel (issue 26): {"module.path.*": ParallelStyle} or fn(model, tp_mesh) -> None;
+    # None = a built-in plan matched by module names (disttrain.distributed.tensor_parallel)
+    tp_plan: Any = None
 
     def __post_init__(self) -> None:
         problems = task_problems(self)
@@ -110,7 +134,8 @@ def task_problems(task: TrainTask) -> list[str]:
     if task.loss_fn is not None and task.step_fn is not None:
         out.append("give loss_fn or step_fn, not both (step_fn computes the loss itself)")
     for label, fn in (("loss_fn", task.loss_fn), ("step_fn", task.step_fn), ("optimizer", task.optimizer),
-                      ("collate_fn", task.collate_fn)):
+                      ("collate_fn", task.collate_fn), ("load_weights", task.load_weights),
+                      ("on_end", task.on_end)):
         if fn is not None and not callable(fn):
             out.append(f"{label} must be callable, got {type(fn).__name__}")
     if not isinstance(task.metrics, Mapping):
@@ -140,9 +165,9 @@ def _safe_len(data: Any) -> int | None:
         return None
 
 
-# -- references: "module:function" ---------------------------------------------------------
+# -- references: "module:function" or "path/file.py:function" ------------------------------
 def parse_reference(ref: str) -> tuple[str, str]:
-    """'pkg.mod:make_task' -> ('pkg.mod', 'make_task'); a file path 'tasks/my.py:fn' too
+    """'pkg.mod:make_task' -> ('pkg.mod', 'make_task'); a file 'tasks/my.py:fn' -> ('my', 'fn')
     (the syntax check is the spec's, `disttrain.spec.fields.parse_task_reference`)."""
     try:
         return parse_task_reference(ref)
@@ -152,21 +177,26 @@ def parse_reference(ref: str) -> tuple[str, str]:
 
 def load_task(ref: str, args: Mapping[str, Any] | None = None,
               search: Sequence[str | Path] = ()) -> TrainTask:
-    """Import `ref`, call it with `args`, and check what it returns.
+    """Build the TrainTask `ref` names: import it, validate `args`, call it, check the result.
+    The one way from a reference to a task: workers, `disttrain.fit` users and planners
+    call this.
 
     Args:
-        ref: `module:function`; the module is looked up first in `search` (the spec file's
-            folder, then the current folder), then on the normal `sys.path`.
-        args: keyword arguments for the factory (the spec's `task_args`).
+        ref: `module:function` or `file.py:function`; a module is looked up first in
+            `search` (the spec file's folder, then the current folder), then on the normal
+            `sys.path`; a relative file is found in `search`.
+        args: keyword arguments for the factory (the spec's `task_args`), validated against
+            its signature and annotations (`validate_task_args`).
         search: folders put in front of `sys.path` for the import (kept there: the
             DataLoader's worker processes must import the same module).
 
     Raises:
-        TaskError: the module or function is missing, the factory raised or returned
-            something other than a TrainTask; the message says which and what was searched.
+        TaskError: the module or function is missing, `args` do not fit its signature, the
+            factory raised or returned something other than a TrainTask; the message says
+            which and what was searched.
     """
-    factory = check_task(ref, args, search)
-    kwargs = dict(args or {})
+    factory = resolve_factory(ref, search)
+    kwargs = validate_task_args(ref, factory, args)
     try:
         task = factory(**kwargs)
     except TaskError:
@@ -184,15 +214,20 @@ def load_task(ref: str, args: Mapping[str, Any] | None = None,
 
 def check_task(ref: str, args: Mapping[str, Any] | None = None,
                search: Sequence[str | Path] = ()) -> Callable[..., Any]:
-    """The factory `ref` names, imported and checked against `args` but not called: what
-    `disttrain run` does before any process starts, so a bad reference or a typo in
-    `task_args` exits 2 with nothing written.
+    """The factory `ref` names, imported, `args` validated, its `task_hooks` check run, but
+    not called: what `disttrain run` does before any process starts, so a bad reference, a
+    typo or a wrong type in `task_args`, or data that is not there exits 2 with nothing
+    written.
 
     Raises:
-        TaskError: the module or function is missing, or `args` do not fit its signature.
+        TaskError: the module or function is missing, `args` do not fit its signature, or
+            the factory's check refused them.
     """
     factory = resolve_factory(ref, search)
-    _check_signature(ref, factory, dict(args or {}))
+    kwargs = validate_task_args(ref, factory, args)
+    hooks = hooks_of(factory)
+    if hooks.check is not None:
+        hooks.check(**kwargs)
     return factory
 
 
@@ -200,9 +235,19 @@ def resolve_factory(ref: str, search: Sequence[str | Path] = ()) -> Callable[...
     """The function `ref` names, imported (no call); TaskError says what was searched."""
     module_name, attr = parse_reference(ref)
     folders = list(dict.fromkeys(str(Path(p).resolve()) for p in search))  # the same folder once
+    path = task_file(ref)
+    if path is not None:
+        found = _find_file(Path(path), folders)
+        if found is None:
+            where = ", ".join(folders) or "the current folder"
+            raise TaskError(f"task {ref!r}: no file {path} (looked in {where}); give the path of "
+                            f"an existing .py file")
+        folders = [str(found.parent), *folders]  # the file's folder first, as `python FILE` does
     for folder in reversed(folders):
         if folder not in sys.path:
             sys.path.insert(0, folder)
+    if path is not None and sys.path[0] != folders[0]:  # the file's own folder wins
+        sys.path.insert(0, folders[0])
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -218,6 +263,9 @@ def resolve_factory(ref: str, search: Sequence[str | Path] = ()) -> Callable[...
     except Exception as exc:
         raise TaskError(f"task {ref!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
                         ) from None
+    if path is not None and not _same_file(getattr(module, "__file__", None), found):
+        raise TaskError(f"task {ref!r}: the module name {module_name!r} is taken by "
+                        f"{getattr(module, '__file__', None) or 'a built-in module'}; rename {found.name}")
     factory = getattr(module, attr, None)
     if factory is None:
         names = sorted(n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n]))
@@ -228,19 +276,142 @@ def resolve_factory(ref: str, search: Sequence[str | Path] = ()) -> Callable[...
     return factory
 
 
-def _check_signature(ref: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-    """Unknown task_args are named before the factory runs (a typo must not be swallowed)."""
+def _find_file(path: Path, folders: Sequence[str]) -> Path | None:
+    """A task file: absolute as given, else relative to the first search folder that has it."""
+    candidates = [path] if path.is_absolute() else [Path(f) / path for f in folders or ["."]]
+    return next((c.resolve() for c in candidates if c.is_file()), None)
+
+
+def _same_file(module_file: str | None, path: Path) -> bool:
+    return module_file is not None and Path(module_file).resolve() == path
+
+
+def task_parameters(ref: str, factory: Callable[..., Any]) -> list[str] | None:
+    """The keyword arguments `factory` takes, or None when it takes any (`**kwargs`) or its
+    signature cannot be read."""
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
-        return
+        return None
     if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        return
-    unknown = sorted(set(kwargs) - set(sig.parameters))
-    if unknown:
-        raise TaskError(f"task_args: {ref} takes no argument(s) {', '.join(unknown)}; it takes "
-                        f"{', '.join(sig.parameters) or 'none'}")
+        return None
+    return [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def validate_task_args(ref: str, factory: Callable[..., Any],
+                       args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`args` checked against the factory's signature and annotations with pydantic's
+    `validate_call` (the factory is not called), as the values the factory will get
+    (`"3"` for `n: int` becomes 3; `"lots"` is refused).
+
+    Raises:
+        TaskError: an unknown argument name, a missing required one, or a value that does not
+            fit its annotation; one line per argument, naming it and what it takes.
+    """
+    from pydantic import ConfigDict, ValidationError, validate_call
+
+    kwargs = dict(args or {})
     try:
-        sig.bind(**kwargs)
-    except TypeError as exc:
-        raise TaskError(f"task_args for {ref}: {exc}") from None
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check against
+        return kwargs
+    try:
+        hints = typing.get_type_hints(factory, include_extras=True)
+    except Exception:  # an annotation that does not resolve here: check the names only
+        hints = {}
+    params = [p.replace(annotation=hints.get(p.name, Any)) for p in sig.parameters.values()]
+
+    def bound(*_: Any, **given: Any) -> dict[str, Any]:
+        return given
+
+    bound.__signature__ = sig.replace(parameters=params, return_annotation=Any)  # type: ignore[attr-defined]
+    bound.__annotations__ = {p.name: p.annotation for p in params}
+    try:
+        checker = validate_call(bound, config=ConfigDict(arbitrary_types_allowed=True))
+    except Exception:  # pydantic cannot build a schema for some annotation: names only
+        bound.__signature__ = sig.replace(parameters=[p.replace(annotation=Any) for p in params])  # type: ignore[attr-defined]
+        bound.__annotations__ = {p.name: Any for p in params}
+        checker = validate_call(bound)
+    try:
+        checked = checker(**kwargs)
+    except ValidationError as exc:
+        raise TaskError(_format_args_error(ref, factory, exc)) from None
+    return {k: checked.get(k, v) for k, v in kwargs.items()}
+
+
+def _format_args_error(ref: str, factory: Callable[..., Any], exc: Any) -> str:
+    takes = task_parameters(ref, factory)
+    lines = []
+    for err in exc.errors():
+        name = ".".join(str(p) for p in err["loc"]) or "(all)"
+        if err["type"] == "unexpected_keyword_argument":
+            lines.append(f"task_args: {ref} takes no argument {name}; it takes "
+                         f"{', '.join(takes or []) or 'none'}")
+        elif err["type"].startswith("missing"):
+            lines.append(f"task_args: {ref} needs the argument {name}")
+        else:
+            given = json.dumps(err.get("input"), default=repr)
+            lines.append(f"task_args: {name}: {err['msg']} (got {given}; {ref})")
+    return "\n".join(lines)
+
+
+# -- hooks: a check before launch, data loaded once in the warm fork server ----------------------
+@dataclass(frozen=True)
+class TaskHooks:
+    """Optional extras of a task factory (`task_hooks`); both take the validated task_args."""
+
+    check: Callable[..., None] | None = None
+    warm: Callable[..., bool] | None = None
+
+
+_HOOKS = "__disttrain_task_hooks__"
+_NO_HOOKS = TaskHooks()
+_warmed: set[str] = set()   # the references + args warmed in this process (or its fork parent)
+
+
+def task_hooks(*, check: Callable[..., None] | None = None,
+               warm: Callable[..., bool] | None = None) -> Callable[[Any], Any]:
+    """Decorate a task factory with a pre-launch check and a data warm-up.
+
+    Args:
+        check: `check(**task_args)` raises TaskError naming the fix (e.g. data files that are
+            not there); `disttrain run` calls it before any process starts or anything is
+            written. It must be quick and must not import the task's data.
+        warm: `warm(**task_args) -> bool` loads the task's data into a cache of this process
+            (never downloading) that the factory then reads; the warm fork server calls it
+            once before it forks the local workers, so they share one copy
+            (`disttrain.launch.forkserver_preload`). Returns whether it loaded.
+    """
+    def mark(factory: Any) -> Any:
+        setattr(factory, _HOOKS, TaskHooks(check, warm))
+        return factory
+
+    return mark
+
+
+def hooks_of(factory: Any) -> TaskHooks:
+    return getattr(factory, _HOOKS, _NO_HOOKS)
+
+
+def _warm_key(ref: str, args: Mapping[str, Any] | None) -> str:
+    return json.dumps([ref, dict(args or {})], sort_keys=True, default=repr)
+
+
+def warm_task(ref: str, args: Mapping[str, Any] | None = None,
+              search: Sequence[str | Path] = ()) -> bool:
+    """Run the `warm` hook of the factory `ref` names (the warm fork server's part); False
+    when it has none, or anything fails (the workers then load their own data and report)."""
+    try:
+        factory = resolve_factory(ref, search)
+        warm = hooks_of(factory).warm
+        if warm is None or not warm(**validate_task_args(ref, factory, args)):
+            return False
+    except Exception:  # a worker builds the task again and reports the cause
+        return False
+    _warmed.add(_warm_key(ref, args))
+    return True
+
+
+def task_warmed(ref: str | None, args: Mapping[str, Any] | None = None) -> bool:
+    """Whether this process's data for `ref` with `args` came from the warm fork server."""
+    return ref is not None and _warm_key(ref, args) in _warmed

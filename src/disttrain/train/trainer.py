@@ -23,6 +23,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,17 +46,14 @@ from disttrain.train.checkpoint import Checkpointer, TrainState, resume_requeste
 from disttrain.train.evaluate import Evaluator
 from disttrain.train.iterable_loader import IterableLoader
 from disttrain.train.loader import SampledLoader
+from disttrain.train.memory import MemoryProbe
 from disttrain.train.precision import Precision
 from disttrain.train.run_info import RunInfo
-from disttrain.train.step_timing import KEYS, LiveStatus, StepTimer, StragglerWatch, rank_identity
 from disttrain.train.steps import run_step
-from disttrain.train.straggler import find_straggler
 from disttrain.train.task import TrainTask
+from disttrain.train.telemetry import StepTelemetry
 
 __all__ = ["TrainState", "Trainer"]
-
-FLUSH_RECORDS = 50  # gather logged losses to rank 0 every this many records (one collective)
-
 
 @dataclass
 class Trainer:
@@ -75,13 +73,8 @@ class Trainer:
     state: TrainState = field(default_factory=TrainState)
     comm: CommStats | None = None   # DDP comm hook's byte counter (builder registers it)
     stop: GracefulStop = field(default_factory=GracefulStop)  # SIGTERM / SIGINT (resilience/preemption.py)
-    timing: StepTimer = field(default_factory=StepTimer)   # step-time breakdown (train/step_timing.py)
-    # (epoch, step, loss, samples/s, lr, the interval's step-time means in step_timing.KEYS order)
-    _records: list[tuple[int, int, torch.Tensor, float, float, tuple[float, ...]]] = field(
-        default_factory=list)
-    _live: LiveStatus | None = None
-    _watch: StragglerWatch = field(default_factory=StragglerWatch)
-    _idents: list[dict[str, Any]] | None = None   # every rank's rank, host, device (first flush)
+    # the step timer, records, live files, metrics rows and straggler verdict (train/telemetry.py)
+    telemetry: StepTelemetry = field(default_factory=StepTelemetry)
 
     # -- the loop -----------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -90,8 +83,9 @@ class Trainer:
         # Heartbeat for the launcher's stall watchdog: phases from hooks, beats below.
         heartbeat.start(self.rt.rank, self.rt.timeout_s, self.rt.store_address, self.model,
                         self.optimizer)
-        self.timing.attach(self.rt, self.comm)
-        self._live = LiveStatus(self.rt, self.info.run_dir)
+        self.telemetry.attach(self.rt, self.comm, self.info.run_dir, self.writer)
+        self.telemetry.memory = MemoryProbe(self.model, self.optimizer, self.rt.device,
+                                            fsdp=self.info.strategy_effective == "fsdp")
         self.stop.arm(self.rt)
         self.maybe_resume()
         samples_start = self.state.samples
@@ -134,14 +128,12 @@ class Trainer:
         n_batches = len(self.loader) if sized else None
         self.model.train()
         epoch_losses: list[torch.Tensor] = []
-        t_log, samples_log = time.perf_counter(), 0
         progress = table.progress(n_batches or 0, st.epoch)
         # (batch, is it the epoch's last): by count for a sized loader, by reading ahead for a stream
         batches = (zip(self.loader, (j + 1 == n_batches for j in itertools.count(st.batch_in_epoch)))
                    if sized else _with_lookahead(self.loader))
         complete = True
-        self.timing.start()
-        for batch, last in self.timing.timed(batches):
+        for batch, last in self.telemetry.epoch(batches, st.samples):
             heartbeat.beat(st.step)  # attribute writes only; a thread publishes (docs/resilience.md)
             i = st.batch_in_epoch
             # The last group of an epoch may be short: it still ends in an optimizer step.
@@ -149,22 +141,13 @@ class Trainer:
             loss, n = self.train_step(batch, self._micro_weight(i, n_batches), sync=boundary)
             st.batch_in_epoch += 1
             st.samples += n
-            samples_log += n
             if not boundary:
                 continue
             self.optimizer_step()
             if st.step % cfg.log_every_steps == 0 or last or self._done():
-                now = time.perf_counter()
-                sps = samples_log * self.rt.world_size / max(now - t_log, 1e-9)
-                t_log, samples_log = now, 0
-                timing = self.timing.interval()
-                self._records.append((st.epoch, st.step, loss, sps, self.current_lr, timing))
-                if self._live is not None:
-                    self._live.write(st.epoch, st.step, loss.item(), sps, timing)
+                self.telemetry.log(st.epoch, st.step, loss, self.current_lr, st.samples)
                 epoch_losses.append(loss)
                 progress.update(st.batch_in_epoch)
-                if len(self._records) >= FLUSH_RECORDS:
-                    self.flush_records()
             if cfg.checkpoint_every_steps and st.step % cfg.checkpoint_every_steps == 0:
                 self.save()
             if self._done():
@@ -174,7 +157,7 @@ class Trainer:
                 complete = last
                 break
         progress.close()
-        self.flush_records()
+        self.telemetry.flush()
         return self._global_mean(epoch_losses), complete
 
     def _micro_weight(self, i: int, n_batches: int | None) -> float:
@@ -195,15 +178,19 @@ class Trainer:
         """Forward and backward of one micro-batch; gradients all-reduced only when `sync`.
         Returns the (detached) loss and the batch's sample count."""
         batch = to_device(batch, self.rt.device)
-        self.timing.compute_start()
+        timer = self.telemetry.timer
+        if self.telemetry.memory is not None:   # the first steps' tensor peak (CPU only)
+            self.telemetry.memory.before_micro(batch)
+        timer.compute_start()
         with no_sync(self.model, skip=not sync), self.precision.autocast():
             loss, _ = run_step(self.task, self.model, batch)
             self.precision.backward(loss * weight if weight != 1.0 else loss)
-        self.timing.compute_end()
+        timer.compute_end()
         return loss.detach(), batch_size_of(batch)
 
     def optimizer_step(self) -> None:
-        self.timing.optimizer_start()
+        timer = self.telemetry.timer
+        timer.optimizer_start()
         self.precision.step(self.optimizer)
         # Under DDP the gradients are views into its buckets: zero them in place, which
         # keeps that memory. Elsewhere set_to_none: backward then writes the gradient
@@ -212,8 +199,10 @@ class Trainer:
         if self.comm is not None:
             self.comm.end_step()
         self.scheduler.step()
-        self.timing.optimizer_end()
+        timer.optimizer_end()
         self.state.step += 1
+        if self.telemetry.memory is not None:
+            self.telemetry.memory.after_step(self.state.step)
         if self.state.step == 1:
             self.info.record_first_step(_since_launch())
 
@@ -257,41 +246,6 @@ class Trainer:
             dist.all_reduce(t)
             t /= self.rt.world_size
         return t.item()
-
-    def flush_records(self) -> None:
-        """Gather every rank's logged losses, samples/s and step-time means to rank 0 in one
-        collective and write them; rank 0 then looks for a straggler, interval by interval
-        (`train/straggler.py`), and says so once when one lasts."""
-        if not self._records:
-            return
-        if self._idents is None:  # once per run: who each rank is, for the verdict's message
-            self._idents = self.rt.all_gather_object(rank_identity(self.rt))
-        loss = torch.stack([r[2].float() for r in self._records]).reshape(-1, 1)
-        extra = torch.tensor([(r[3], *r[5]) for r in self._records], dtype=loss.dtype)
-        local = torch.cat([loss, extra.to(loss.device)], dim=1)   # [loss, sps, *KEYS] per record
-        if self.rt.distributed and self.rt.world_size > 1:
-            gathered = [torch.empty_like(local) for _ in range(self.rt.world_size)]
-            dist.all_gather(gathered, local)
-        else:
-            gathered = [local]
-        if self.writer:
-            per_rank = [g.tolist() for g in gathered]
-            rows = []
-            for rank, values in enumerate(per_rank):
-                for (epoch, step, *_, lr, _), (loss_v, sps, *timing) in zip(self._records, values):
-                    rows.append({"split": "train", "rank": rank, "epoch": epoch, "step": step,
-                                 "loss": loss_v, "lr": lr, "samples_per_s": round(sps, 1),
-                                 **{k: round(v, 3) for k, v in zip(KEYS, timing)}})
-            self.writer.log(rows)
-            for j in range(len(self._records)):
-                entries = [{**self._idents[rank], **dict(zip(KEYS, values[j][2:]))}
-                           for rank, values in enumerate(per_rank)]
-                verdict = self._watch.window(entries)
-                if verdict is not None:
-                    self.rt.print0(verdict["message"])
-                    if self._live is not None:
-                        self._live.write_straggler(verdict)
-        self._records.clear()
 
     # -- checkpoints (what is saved and how: train/checkpoint.py) ------------------
     @property
@@ -340,8 +294,11 @@ class Trainer:
             "params_sha256_per_rank": sync.digests, "wall_s": round(wall_s, 3),
             **({} if sync.in_sync else {"params_divergence": sync.as_dict()}),
             **(self.comm.summary() if self.comm is not None else {}),
-            **self._breakdown(samples_per_s),
+            **self.telemetry.finish(samples_per_s),   # `ranks`, `straggler`
         }
+        if self.task.on_end is not None and not self.stopped_by:  # what lasts (train/task.py)
+            out = self.cfg.output_dir
+            summary.update(self.task.on_end(self.model, self.rt, out and Path(out), last_eval))
         ckpt = checkpoint_dir(self.info.run_dir) / "last.pt"
         if self.stopped_by:  # resumable: `disttrain run` reads the record (resilience/preemption.py)
             summary["stopped"] = {"signal": self.stopped_by, "checkpoint": str(ckpt)}
@@ -353,23 +310,10 @@ class Trainer:
         table.footer(summary)
         if summary["straggler"]:
             self.rt.print0(summary["straggler"]["message"])
-        if self._live is not None:
-            self._live.done()
+        self.telemetry.close()
         heartbeat.stop()  # training is over: what the process does next is not watched
         self.stop.disarm()
         return summary
-
-
-    def _breakdown(self, samples_per_s: float) -> dict[str, Any]:
-        """summary.json's `ranks` (each rank's whole-run step-time means, one gather) and
-        `straggler` (train/straggler.py), also in live/straggler.json when there is one."""
-        mine = {**rank_identity(self.rt), "samples_per_s": round(samples_per_s, 1),
-                **self.timing.run_means()}
-        ranks = self.rt.all_gather_object(mine)
-        verdict = find_straggler(ranks, self._watch.threshold)
-        if verdict is not None and self._live is not None and self.rt.is_rank0:
-            self._live.write_straggler(verdict)
-        return {"ranks": ranks, "straggler": verdict}
 
 
 def _since_launch() -> float | None:

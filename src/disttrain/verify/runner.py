@@ -132,7 +132,7 @@ def verify_job_spec(spec: JobSpec, *, steps: int = DEFAULT_STEPS) -> JobSpec:
     data = spec.model_dump()
     data["name"] = spec.name[:56].rstrip("-") + "-verify"
     data["script"] = str(Path(verify_checks.__file__).resolve())
-    data["example"] = None
+    data["task"], data["task_args"] = None, {}
     data["args"] = ["--json", "--backend", spec.launch.backend,
                     "--timeout-s", f"{spec.launch.timeout_s:g}", "--steps", str(steps)]
     data["launch"]["max_restarts"] = 0

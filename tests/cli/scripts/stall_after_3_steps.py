@@ -1,5 +1,7 @@
 """A DDP tutorial-shaped script (a Trainer class, DDP, one SGD step per batch), unmodified
-for disttrain: rank 1 hangs after 3 optimizer steps. `python script.py STEPS` under torchrun."""
+for disttrain: rank 1 hangs after 3 optimizer steps. `python script.py STEPS [AT]` under
+torchrun; AT (default 3) is the step rank 1 hangs at: 0 hangs before the first optimizer step,
+while rank 0 waits in its first all-reduce."""
 import os
 import sys
 import time
@@ -22,9 +24,9 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
 
-    def train(self, steps):
+    def train(self, steps, at):
         for step in range(steps):
-            if self.rank == 1 and step == 3:
+            if self.rank == 1 and step == at:
                 print(f"stalling at {time.time():.3f}", flush=True)
                 time.sleep(3600)  # stuck after 3 optimizer steps
             self._run_batch(torch.randn(4, 8), torch.randn(4, 1))
@@ -33,5 +35,6 @@ class Trainer:
 if __name__ == "__main__":
     init_process_group(backend="gloo")
     model = torch.nn.Linear(8, 1)
-    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01)).train(int(sys.argv[1]))
+    at = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01)).train(int(sys.argv[1]), at)
     destroy_process_group()

@@ -1,0 +1,144 @@
+"""How a rank waits for its step's last gloo all-reduce: polling, or blocking like plain DDP.
+
+    choice = choose_wait(local_ranks=2, threads=1)      # once, when the comm hook is set up
+    choice.poll, choice.describe()    # True, "poll: 2 CPUs for 2 ranks x 1 thread, probe 0.97"
+
+Polling (`comm_hooks.yield_until_done`, sched_yield in a loop) keeps the waiting thread on its
+core, so gloo's thread hand-offs do not pay a vCPU wake-up each: 5-9 % shorter steps on an idle
+2-vCPU VM (docs/performance.md). It needs a core that nothing else wants. When other processes
+are runnable on the same cores, each sched_yield hands them the CPU and the spinning thread
+still spends its share of it: the Trainer measured 0.80x a plain DDP loop with two busy
+processes on the 2 cores (issue 21), where blocking (what DDP does) lets the scheduler wake the
+rank as soon as its data arrives. So the rank polls only when all of these hold, decided once:
+
+- `envvars.COMM_WAIT` is unset or `auto` (`poll` / `block` force a side, for A/B runs);
+- the CPUs it may use (its affinity mask, and its cgroup's CPU quota: cgroup v2 `cpu.max`,
+  v1 `cpu.cfs_quota_us`; a pod's CPU limit is one) hold the local ranks x their torch threads;
+- a short probe finds a core free now: spinning for `PROBE_S`, the thread gets at least
+  `FREE_SHARE` of the wall time (about 1.0 when a core is free, 0.5 with one other runnable
+  task per core). The load average would say the same a minute late.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from disttrain import envvars
+from disttrain.distributed.process import usable_cores
+
+PROBE_S = 0.05
+FREE_SHARE = 0.85
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class WaitChoice:
+    """Poll or block, and what the choice was made from (summary.json's `comm_wait`)."""
+
+    poll: bool
+    reason: str
+
+    def describe(self) -> str:
+        return f"{'poll' if self.poll else 'block'}: {self.reason}"
+
+
+def _cgroup_dirs(proc_cgroup: Path, root: Path) -> list[Path]:
+    """This process's cgroup folders holding CPU limits, innermost first, with their parents
+    up to the mount (a limit on any ancestor applies too)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    found: list[Path] = []
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if controllers == "":                       # cgroup v2: "0::/path"
+            mounts = [root, root / "unified"]
+        elif "cpu" in controllers.split(","):      # cgroup v1: "N:cpu,cpuacct:/path"
+            mounts = [root / controllers, root / "cpu"]
+        else:
+            continue
+        for mount in mounts:
+            if not mount.is_dir():
+                continue
+            inner = mount / path.lstrip("/")
+            start = inner if inner.is_dir() else mount  # in a container the mount is its own root
+            found += [start, *[p for p in start.parents if p.is_relative_to(mount)]]
+            break
+    return found
+
+
+def _limit_of(folder: Path) -> float | None:
+    """CPUs the quota of one cgroup folder allows (None: no quota there)."""
+    try:
+        quota, _, period = (folder / "cpu.max").read_text().partition(" ")
+        if quota.strip() != "max":
+            return int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+        period_us = int((folder / "cpu.cfs_period_us").read_text())
+        if quota_us > 0 and period_us > 0:
+            return quota_us / period_us
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cgroup_cpu_limit(proc_cgroup: Path = Path("/proc/self/cgroup"),
+                     root: Path = CGROUP_ROOT) -> float | None:
+    """The smallest CPU quota over this process's cgroup and its ancestors, in CPUs
+    (e.g. 1.5 for a pod with `limits.cpu: 1500m`); None when no quota applies."""
+    limits = [x for x in (_limit_of(d) for d in _cgroup_dirs(proc_cgroup, root)) if x is not None]
+    return min(limits) if limits else None
+
+
+def usable_cpus(limit: float | None = None) -> float:
+    """CPUs this process may run on: its affinity mask, capped by its cgroup quota."""
+    cores = float(usable_cores())
+    limit = cgroup_cpu_limit() if limit is None else limit
+    return min(cores, limit) if limit is not None else cores
+
+
+def free_core_share(probe_s: float = PROBE_S) -> float:
+    """Spin for `probe_s`; the share of that wall time the thread really ran (1.0: a core
+    of its own; about 1 / (runnable tasks per core) under contention)."""
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - wall0 < probe_s:
+        pass
+    return (time.thread_time() - cpu0) / (time.perf_counter() - wall0)
+
+
+def choose_wait(local_ranks: int, threads: int, environ: dict[str, str] | None = None,
+                cpus: float | None = None, share: float | None = None) -> WaitChoice:
+    """Poll only with a spare core for every local rank's threads (see the module docstring).
+
+    `cpus` and `share` stand in for the measurements (tests); the probe runs only when the
+    CPU count allows polling at all.
+    """
+    forced = envvars.comm_wait(environ)
+    if forced != "auto":
+        return WaitChoice(forced == "poll", f"{envvars.COMM_WAIT}={forced}")
+    cpus = usable_cpus() if cpus is None else cpus
+    need = local_ranks * threads
+    have = f"{cpus:g} CPUs for {local_ranks} rank{'s' * (local_ranks != 1)} x {threads} " \
+           f"thread{'s' * (threads != 1)}"
+    if math.floor(cpus + 1e-9) < need:
+        return WaitChoice(False, f"{have}: no core to spare")
+    share = free_core_share() if share is None else share
+    if share < FREE_SHARE:
+        return WaitChoice(False, f"{have}, but other processes want them (probe {share:.2f})")
+    return WaitChoice(True, f"{have}, probe {share:.2f}")
+
+
+def local_ranks_here() -> int:
+    """Ranks on this host, from the launcher's LOCAL_WORLD_SIZE (1 when not launched)."""
+    from disttrain.distributed.env import read_env
+
+    return read_env(os.environ).local_world_size

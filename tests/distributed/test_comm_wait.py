@@ -1,0 +1,89 @@
+"""The comm hook's waiting strategy (distributed/comm_wait.py): the cgroup CPU quota is read
+from v2 and v1 files, and the rank polls only with a core to spare for each local rank's
+threads and a probe that finds one free; `DISTTRAIN_COMM_WAIT` forces either side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from disttrain import envvars
+from disttrain.distributed.comm_hooks import CommStats
+from disttrain.distributed.comm_wait import (
+    FREE_SHARE,
+    cgroup_cpu_limit,
+    choose_wait,
+    free_core_share,
+    usable_cpus,
+)
+from disttrain.errors import DistEnvError
+
+
+def _cgroup(tmp_path: Path, line: str) -> Path:
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(line + "\n")
+    return proc
+
+
+def test_a_v2_quota_of_the_cgroup_or_an_ancestor_caps_the_cpus(tmp_path):
+    root = tmp_path / "fs"
+    pod = root / "kubepods" / "pod1" / "ctr"
+    pod.mkdir(parents=True)
+    (pod / "cpu.max").write_text("max 100000\n")
+    (pod.parent / "cpu.max").write_text("150000 100000\n")   # limits.cpu: 1500m on the pod
+    (root / "kubepods" / "cpu.max").write_text("400000 100000\n")
+    proc = _cgroup(tmp_path, "0::/kubepods/pod1/ctr")
+    assert cgroup_cpu_limit(proc, root) == 1.5
+    (pod.parent / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(proc, root) == 4.0
+    (root / "kubepods" / "cpu.max").unlink()
+    assert cgroup_cpu_limit(proc, root) is None
+    assert usable_cpus(limit=0.5) == 0.5
+
+
+def test_a_v1_quota_and_a_namespaced_mount_are_read(tmp_path):
+    root = tmp_path / "fs"
+    cpu = root / "cpu,cpuacct"
+    cpu.mkdir(parents=True)
+    (cpu / "cpu.cfs_quota_us").write_text("50000\n")
+    (cpu / "cpu.cfs_period_us").write_text("100000\n")
+    # in a container without a cgroup namespace the path names the host's folder, absent
+    # here: the mount is the container's own cgroup
+    proc = _cgroup(tmp_path, "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc")
+    assert cgroup_cpu_limit(proc, root) == 0.5
+    (cpu / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(proc, root) is None
+    assert cgroup_cpu_limit(tmp_path / "missing", root) is None
+
+
+def test_polling_needs_a_core_per_rank_thread_and_a_free_probe():
+    env: dict[str, str] = {}
+    quiet = choose_wait(2, 1, env, cpus=2.0, share=0.98)
+    assert quiet.poll and quiet.describe() == "poll: 2 CPUs for 2 ranks x 1 thread, probe 0.98"
+    busy = choose_wait(2, 1, env, cpus=2.0, share=0.5)
+    assert not busy.poll and "other processes want them (probe 0.50)" in busy.describe()
+    assert not choose_wait(2, 2, env, cpus=2.0, share=1.0).poll            # OpenMP teams fill them
+    limited = choose_wait(2, 1, env, cpus=1.5, share=1.0)                  # a pod's CPU limit
+    assert not limited.poll and limited.describe() == (
+        "block: 1.5 CPUs for 2 ranks x 1 thread: no core to spare")
+    assert choose_wait(1, 1, env, cpus=1.0, share=FREE_SHARE).poll
+
+
+def test_the_variable_forces_a_side_and_a_bad_value_is_named():
+    assert choose_wait(2, 1, {envvars.COMM_WAIT: "poll"}, cpus=1.0, share=0.1).poll
+    forced = choose_wait(2, 1, {envvars.COMM_WAIT: "block"}, cpus=8.0, share=1.0)
+    assert not forced.poll and forced.reason == "DISTTRAIN_COMM_WAIT=block"
+    with pytest.raises(DistEnvError, match="DISTTRAIN_COMM_WAIT='yes'"):
+        choose_wait(2, 1, {envvars.COMM_WAIT: "yes"})
+
+
+def test_the_probe_measures_a_share_of_one_core():
+    share = free_core_share(0.02)
+    assert 0.0 < share <= 1.05
+
+
+def test_the_choice_lands_in_the_summary():
+    stats = CommStats(wait="block: 1 CPUs for 2 ranks x 1 thread: no core to spare")
+    assert stats.summary()["comm_wait"].startswith("block: ")
+    assert "comm_wait" not in CommStats().summary()
