@@ -31,6 +31,7 @@ import json
 import os
 import resource
 import statistics
+import sys
 import time
 
 import torch
@@ -172,7 +173,15 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)
-    dist.destroy_process_group()
+    # NOTE: both ranks are done with every collective after this barrier; leave without
+    # destroy_process_group and interpreter teardown, where torch 2.13's ProcessGroupGloo
+    # destructor sometimes aborts a finished rank (SIGABRT, "terminate called without an
+    # active exception"; docs/troubleshooting.md cpp_abort). Timing is over: this costs the
+    # comparison nothing, and disttrain's own workers leave the same way.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ class MemoryProbe:
         from torch.distributed.fsdp import FSDPModule
 
         if self.fsdp and not isinstance(self.model, FSDPModule):
-            # FSDP1 (DISTTRAIN_FSDP_VERSION=1): its original parameters are views of a flat
+            # FSDP1 (envvars.FSDP_VERSION = 1): its original parameters are views of a flat
             # one, and the tracker's gradient hooks refuse non-leaf tensors; not tracked
             self.steps = TRACKED_STEPS
             return
