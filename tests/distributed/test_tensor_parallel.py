@@ -74,6 +74,16 @@ def test_a_script_job_refuses_the_parallelism_section():
         JobSpec.from_dict({"script": "train.py", "parallelism": {"tp": 2}})
 
 
+def _assert_params_close(results: dict[int, Any], reference: dict[str, Any]) -> None:
+    """Every rank's gathered full parameters match one process's, name by name."""
+    for rank in (0, 1):
+        params = results[rank]["params"]
+        assert params.keys() == reference["params"].keys()
+        for name, ref in reference["params"].items():
+            torch.testing.assert_close(params[name], ref, rtol=RTOL, atol=ATOL,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+
+
 # -- plans and head counts -------------------------------------------------------------------
 def _tiny_model() -> nn.Module:
     from disttrain.examples.chargpt import CharGPT
@@ -176,11 +186,7 @@ def test_chargpt_tp2_matches_one_process(reference, tp2_run):
     for rank in (0, 1):
         torch.testing.assert_close(torch.tensor(results[rank]["losses"]),
                                    torch.tensor(reference["losses"]), rtol=RTOL, atol=ATOL)
-        params = results[rank]["params"]
-        assert params.keys() == reference["params"].keys()
-        for name, ref in reference["params"].items():
-            torch.testing.assert_close(params[name], ref, rtol=RTOL, atol=ATOL,
-                                       msg=lambda m, name=name: f"{name}: {m}")
+    _assert_params_close(results, reference)
 
 
 @pytest.mark.slow
@@ -325,12 +331,7 @@ def test_chargpt_pp2_matches_one_process(reference, pp2_runs, schedule):
     assert [results[r]["last"] for r in (0, 1)] == [False, True]
     torch.testing.assert_close(torch.tensor(results[1]["losses"]),
                                torch.tensor(reference["losses"]), rtol=RTOL, atol=ATOL)
-    for rank in (0, 1):
-        params = results[rank]["params"]
-        assert params.keys() == reference["params"].keys()
-        for name, ref in reference["params"].items():
-            torch.testing.assert_close(params[name], ref, rtol=RTOL, atol=ATOL,
-                                       msg=lambda m, name=name: f"{name}: {m}")
+    _assert_params_close(results, reference)
 
 
 @pytest.mark.slow

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import types
@@ -21,32 +19,17 @@ pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname()
 
 
-@pytest.fixture
-def pids():
-    procs: list[subprocess.Popen] = []
-
-    def make() -> int:
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        procs.append(p)
-        return p.pid
-
-    yield make
-    for p in procs:
-        p.kill()
-        p.wait(timeout=10)
-
-
 def rec(rank, pid, seq, phase="forward", step=0, coll=0, in_coll="", alive=0):
     """A heartbeat record; `alive` moves while the rank's publisher runs (not frozen)."""
     return {"rank": rank, "pid": pid, "host": HOST, "step": step, "phase": phase, "seq": seq,
             "alive": alive, "coll": coll, "in_coll": in_coll}
 
 
-def test_a_rank_waiting_at_a_barrier_for_a_working_rank_is_not_stalled(pids):
+def test_a_rank_waiting_at_a_barrier_for_a_working_rank_is_not_stalled(sleeper):
     """Rank 0 evaluates (progress) for 3x the timeout while rank 1 waits at a barrier: no
     stall. Then rank 0 stops: it is named (not rank 1), within the timeout."""
     wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, kill=False)
-    a, b = pids(), pids()
+    a, b = sleeper(), sleeper()
     for t in range(31):   # rank 0's seq moves every second; rank 1 waits in its barrier
         wd.observe({0: rec(0, a, seq=t, coll=1, alive=t),
                     1: rec(1, b, 5, "barrier", coll=2, in_coll="barrier", alive=t)}, now=t)
@@ -59,10 +42,10 @@ def test_a_rank_waiting_at_a_barrier_for_a_working_rank_is_not_stalled(pids):
     assert "waiting for it: rank 1 (step 0, barrier)" in stall.message
 
 
-def test_the_rank_that_entered_fewer_collectives_is_named(pids):
+def test_the_rank_that_entered_fewer_collectives_is_named(sleeper):
     """All stopped, at the same step and phase: the one behind in collectives is blamed."""
     wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, kill=False)
-    a, b = pids(), pids()
+    a, b = sleeper(), sleeper()
     for t in range(12):
         wd.observe({0: rec(0, a, 7, "all_reduce", coll=3, in_coll="all_reduce", alive=t),
                     1: rec(1, b, 7, "all_reduce", coll=2, alive=t)}, now=t)

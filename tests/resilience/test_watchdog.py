@@ -19,22 +19,6 @@ pytestmark = pytest.mark.timeout(60)
 HOST = socket.gethostname()
 
 
-@pytest.fixture
-def sleeper():
-    """A real local process to stand for a rank (the watchdog checks pids are alive)."""
-    procs: list[subprocess.Popen] = []
-
-    def make() -> int:
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        procs.append(p)
-        return p.pid
-
-    yield make
-    for p in procs:
-        p.kill()
-        p.wait(timeout=10)
-
-
 def rec(rank: int, pid: int, step: int, phase: str, seq: int, alive: int, host: str = HOST):
     return {"rank": rank, "pid": pid, "host": host, "step": step, "phase": phase,
             "seq": seq, "alive": alive}
