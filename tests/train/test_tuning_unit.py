@@ -221,3 +221,24 @@ def test_builtin_accuracy_metric_is_a_sum_and_a_count():
     y = torch.tensor([0, 1, 1])
     correct, count = accuracy(out, (out, y))
     assert correct.item() == 2 and count == 3
+
+
+def test_grad_ckpt_reaches_blocks_in_a_module_list():
+    """chargpt keeps its blocks in an nn.ModuleList (no forward of its own): each block is
+    checkpointed, and the gradients are those of the plain model."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from disttrain.examples.chargpt import CharGPT
+
+    torch.manual_seed(0)
+    ref = CharGPT(vocab=11, block=8, layers=2, width=16, heads=2, dropout=0.0)
+    ckpt = CharGPT(vocab=11, block=8, layers=2, width=16, heads=2, dropout=0.0)
+    ckpt.load_state_dict(ref.state_dict())
+    assert enable_grad_ckpt(ckpt).startswith("checkpoint_wrapper on ")
+    assert all(isinstance(b, CheckpointWrapper) for b in ckpt.blocks)
+    x = torch.randint(0, 11, (3, 8))
+    for net in (ref, ckpt):
+        net(x).sum().backward()
+    for p, q in zip(ref.parameters(), ckpt.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert ckpt.state_dict().keys() == ref.state_dict().keys()

@@ -37,6 +37,19 @@ def enable_grad_ckpt(model: nn.Module) -> str:
         apply_activation_checkpointing,
     )
 
-    blocks = {id(c) for c in model.children() if any(True for _ in c.parameters())}
+    blocks = {id(c) for c in _blocks(model)}
     apply_activation_checkpointing(model, check_fn=lambda m: id(m) in blocks)
     return f"checkpoint_wrapper on {len(blocks)} block(s)"
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's direct children with parameters; a ModuleList or ModuleDict (which has no
+    forward of its own: the model calls its items) stands for its items, so a transformer's
+    `self.blocks = nn.ModuleList(...)` is checkpointed block by block, not skipped."""
+    out: list[nn.Module] = []
+    for child in model.children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out.extend(_blocks(child))
+        elif any(True for _ in child.parameters()):
+            out.append(child)
+    return out
