@@ -14,6 +14,7 @@ and creates the group with a collective timeout derived from the stall timeout
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import inspect
 import logging
@@ -124,7 +125,18 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None and self.owns_group and self.distributed and self.backend == "gloo":
+            # NOTE: a clean exit first lets gloo's worker thread finish with the last
+            # collective. That thread releases a finished work's tensors under the GIL; if
+            # the group's destructor runs first (destroy, or later the last DDP Reducer
+            # holding the group) it joins the thread while holding the GIL, and torch 2.13
+            # deadlocks (seen as a test rank stuck in ~ProcessGroupGloo after an
+            # all_gather_object). A barrier carries no tensors and waits for the work before
+            # it. Not after an exception: a peer may be gone, and the barrier would wait; a
+            # peer that left through an exception closes its connections, which ends ours.
+            with contextlib.suppress(RuntimeError):   # DistBackendError is a RuntimeError
+                dist.barrier()
         self.shutdown()
 
 
