@@ -68,7 +68,7 @@ def _measure(configs: list[tuple[str, str, str, bool, int]], run_root: str) -> d
                 "run_dir": f"{run_root}/{i}"})
             trainer = build_trainer(spec, rt, TASKS[name]())
             model, opt, amp = trainer.model, trainer.optimizer, trainer.precision
-            probe = MemoryProbe(model, opt, rt.device, fsdp=strategy == "fsdp")
+            probe = MemoryProbe(model, opt, rt.device)
             batches = iter(trainer.loader)
             for step in (1, 2):
                 data = to_device(next(batches), rt.device)

@@ -1,6 +1,6 @@
 """What a rank really used, measured during the run, for summary.json and the live files.
 
-    probe = MemoryProbe(model, optimizer, device, fsdp=False)
+    probe = MemoryProbe(model, optimizer, device)
     probe.before_micro(batch)      # Trainer.train_step, before the forward
     probe.after_step(step)         # Trainer.optimizer_step, after the update
     probe.fields()                 # {"memory_source": ..., "tensor_peak_bytes": ..., ...}
@@ -32,13 +32,23 @@ class MemoryProbe:
     """One rank's memory figures (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 device: torch.device, fsdp: bool = False) -> None:
-        self.model, self.optimizer, self.device, self.fsdp = model, optimizer, device, fsdp
+                 device: torch.device) -> None:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        self.model, self.optimizer, self.device = model, optimizer, device
         self.cuda = device.type == "cuda"
         self.tensor_peak = 0
         self.slice_used = 0
         self.steps = 0
         self._tracker: Any = None
+        self._fsdp2 = isinstance(model, FSDPModule)
+        # Decided once, from the model: the CPU tracker cannot follow FSDP1 (its original
+        # parameters are views of a flat one, and the tracker's gradient hooks refuse
+        # non-leaf tensors) nor a frozen parameter (it hooks every parameter's gradient and
+        # raises, "cannot register a hook on a tensor that doesn't require gradient": a LoRA
+        # base, recipes/causal_lm.py). Those runs are not tracked.
+        self._trackable = not self.cuda and not isinstance(model, FullyShardedDataParallel) \
+            and all(p.requires_grad for p in model.parameters())
 
     # -- hooks the Trainer calls ---------------------------------------------------
     def before_micro(self, batch: Any) -> None:
@@ -49,20 +59,7 @@ class MemoryProbe:
             # second ("multiple iterative calls"); its global peak is kept apart and survives
             self._tracker.reset_mod_stats()
             return
-        if self.cuda or self.steps >= TRACKED_STEPS:
-            return
-        from torch.distributed.fsdp import FSDPModule
-
-        if self.fsdp and not isinstance(self.model, FSDPModule):
-            # FSDP1 (envvars.FSDP_VERSION = 1): its original parameters are views of a flat
-            # one, and the tracker's gradient hooks refuse non-leaf tensors; not tracked
-            self.steps = TRACKED_STEPS
-            return
-        if not all(p.requires_grad for p in self.model.parameters()):
-            # torch's MemTracker hooks every parameter's gradient and raises on a frozen one
-            # ("cannot register a hook on a tensor that doesn't require gradient"): a LoRA
-            # base (recipes/causal_lm.py) is not tracked.
-            self.steps = TRACKED_STEPS
+        if not self._trackable or self.steps >= TRACKED_STEPS:
             return
         self._tracker = self._new_tracker()
         self._tracker.track_external(self.model, self.optimizer,
@@ -102,7 +99,7 @@ class MemoryProbe:
 
     # -- the two ways of measuring -------------------------------------------------
     def _new_tracker(self) -> Any:
-        if self.fsdp:   # FSDP2 only (before_micro leaves FSDP1 untracked)
+        if self._fsdp2:
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
             return FSDPMemTracker(self.model, self.optimizer)

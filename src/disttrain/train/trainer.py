@@ -84,8 +84,7 @@ class Trainer:
         heartbeat.start(self.rt.rank, self.rt.timeout_s, self.rt.store_address, self.model,
                         self.optimizer)
         self.telemetry.attach(self.rt, self.comm, self.info.run_dir, self.writer)
-        self.telemetry.memory = MemoryProbe(self.model, self.optimizer, self.rt.device,
-                                            fsdp=self.info.strategy_effective == "fsdp")
+        self.telemetry.memory = MemoryProbe(self.model, self.optimizer, self.rt.device)
         self.stop.arm(self.rt)
         self.maybe_resume()
         samples_start = self.state.samples
