@@ -24,7 +24,6 @@ sample counted once (each rank scores a disjoint slice).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -35,17 +34,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from plain_common import leave, params_sha256, start, write_result
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
-
-
-def process_start(pid: int) -> float:
-    """Epoch seconds at which process `pid` started (/proc, clock-tick resolution)."""
-    with open(f"/proc/{pid}/stat") as f:
-        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/uptime") as f:
-        uptime = float(f.read().split()[0])
-    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def load(ref: str, args: dict[str, Any]) -> Any:
@@ -115,14 +106,7 @@ def main() -> None:
     p.add_argument("--no-eval", action="store_true", help="skip the held-out loss at the end")
     p.add_argument("--out", help="write the figures as JSON here (rank 0)")
     args = p.parse_args()
-    launched = "TORCHELASTIC_RUN_ID" in os.environ
-    t_start = process_start(os.getppid() if launched else os.getpid())
-    torch.set_num_threads(args.threads)
-
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if args.backend == "nccl" else torch.device("cpu")
+    t_start, rank, world, local_rank, device = start(args.backend, args.threads)
     task = load(args.task, json.loads(args.task_args))
     sampler = DistributedSampler(task.train_data, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed)
@@ -168,12 +152,7 @@ def main() -> None:
     dist.all_reduce(losses)
     losses /= world
     eval_loss = None if args.no_eval else evaluate(task, model, rank, world, device, args.batch_size)
-    digest = hashlib.sha256()
-    for name, t in model.module.state_dict().items():
-        digest.update(name.encode())
-        digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    hashes = [None] * world
-    dist.all_gather_object(hashes, digest.hexdigest())
+    hashes = params_sha256(model.module, world)
     if rank == 0:
         tail = losses[-max(1, len(losses) // 10):].tolist() if len(losses) else []
         result = {
@@ -189,19 +168,8 @@ def main() -> None:
             "params_in_sync": len(set(hashes)) == 1, "params_sha256": hashes[0],
             "wall_s": round(time.time() - t_start, 3), "torch": torch.__version__,
         }
-        print(json.dumps({k: v for k, v in result.items() if k != "loss_curve"}), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=2)
-    # NOTE: both ranks are done with every collective after this barrier; leave without
-    # destroy_process_group and interpreter teardown, where torch 2.13's ProcessGroupGloo
-    # destructor sometimes aborts a finished rank (SIGABRT, "terminate called without an
-    # active exception"; docs/troubleshooting.md cpp_abort). Timing is over: this costs the
-    # comparison nothing, and disttrain's own workers leave the same way.
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        write_result(result, args.out)
+    leave()   # a barrier, then os._exit: why in plain_common.leave
 
 
 if __name__ == "__main__":

@@ -26,16 +26,13 @@ disttrain's ShardedLoader does), to separate data-loading cost from the rest.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import os
 import resource
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
+from plain_common import leave, params_sha256, start, write_result
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -64,15 +61,6 @@ def synthetic(num_samples: int, input_size: int) -> TensorDataset:
     return TensorDataset(x[:num_samples], y[:num_samples])
 
 
-def process_start(pid: int) -> float:
-    """Epoch seconds at which process `pid` started (/proc, clock-tick resolution)."""
-    with open(f"/proc/{pid}/stat") as f:
-        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/uptime") as f:
-        uptime = float(f.read().split()[0])
-    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
-
-
 def batches(ds: TensorDataset, sampler: DistributedSampler, batch_size: int, how: str):
     if how == "dataloader":
         return iter(DataLoader(ds, batch_size=batch_size, sampler=sampler))
@@ -96,14 +84,7 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=10, help="steps between loss_curve points")
     p.add_argument("--out", help="write the figures as JSON here (rank 0)")
     args = p.parse_args()
-    launched = "TORCHELASTIC_RUN_ID" in os.environ
-    t_start = process_start(os.getppid() if launched else os.getpid())
-    torch.set_num_threads(args.threads)
-
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if args.backend == "nccl" else torch.device("cpu")
+    t_start, rank, world, local_rank, device = start(args.backend, args.threads)
     ds = synthetic(args.num_samples, args.input_size)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
     torch.manual_seed(0)
@@ -146,12 +127,7 @@ def main() -> None:
     window = time.perf_counter() - t_window
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
 
-    digest = hashlib.sha256()
-    for name, t in model.module.state_dict().items():
-        digest.update(name.encode())
-        digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    hashes = [None] * world
-    dist.all_gather_object(hashes, digest.hexdigest())
+    hashes = params_sha256(model.module, world)
     final = torch.tensor([sum(losses) / max(len(losses), 1)], device=device)
     dist.all_reduce(final)
     points = torch.stack([v for _, v in curve]) if curve else torch.zeros(0, device=device)
@@ -169,19 +145,8 @@ def main() -> None:
             "params_sha256": hashes[0], "torch": torch.__version__,
             "loss_curve": [[s, v] for (s, _), v in zip(curve, points.tolist())],
         }
-        print(json.dumps({k: v for k, v in result.items() if k != "loss_curve"}), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=2)
-    # NOTE: both ranks are done with every collective after this barrier; leave without
-    # destroy_process_group and interpreter teardown, where torch 2.13's ProcessGroupGloo
-    # destructor sometimes aborts a finished rank (SIGABRT, "terminate called without an
-    # active exception"; docs/troubleshooting.md cpp_abort). Timing is over: this costs the
-    # comparison nothing, and disttrain's own workers leave the same way.
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        write_result(result, args.out)
+    leave()   # a barrier, then os._exit: why in plain_common.leave
 
 
 if __name__ == "__main__":

@@ -77,6 +77,32 @@ def digits_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cwd / "ref"
 
 
+PART_STEPS = 30
+
+
+@pytest.fixture(scope="session")
+def digits_part(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run dir of REFERENCE_JOB cut at step PART_STEPS (mid-epoch; checkpoints 23 and 30
+    kept), made once per session for the tests that resume it after doing something to it.
+    Never change it: take a `copy_run` of it."""
+    import json
+
+    cwd = tmp_path_factory.mktemp("digits-part")
+    res = run_cli(*REFERENCE_JOB, "--max-steps", str(PART_STEPS), "--run-dir", "part", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((cwd / "part" / "summary.json").read_text())["steps"] == PART_STEPS
+    return cwd / "part"
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    """A copy of run dir `src` at `dst` as the run left it: hard links stay hard links
+    (checkpoints/last.pt is one to the newest checkpoint), none shared with `src`."""
+    import subprocess
+
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    return dst
+
+
 @pytest.fixture
 def no_stray_workers(tmp_path):
     """Kill whatever a failed test left running in its folder (a SIGSTOPped worker

@@ -81,7 +81,11 @@ class EpochTable:
 
     def footer(self, summary: dict[str, Any]) -> None:
         n = summary.get("world_size")
-        if summary.get("params_in_sync"):
+        if summary.get("params_check"):  # tp/pp: the ranks hold different shards or stages
+            verdict = (f"parameters in sync on all {n} ranks: "
+                       f"{'yes' if summary.get('params_in_sync') else 'NO (ranks diverged)'}; "
+                       f"{summary['params_check']}")
+        elif summary.get("params_in_sync"):
             verdict = f"parameters identical on all {n} ranks: yes"
         else:
             verdict = f"parameters identical on all {n} ranks: NO (ranks diverged)"

@@ -36,7 +36,15 @@ class FailureKind(str, Enum):
     # the checkpoint to resume from is another model's (IncompatibleCheckpoint): bad input
     INCOMPATIBLE_CHECKPOINT = "incompatible_checkpoint"
     STALL = "stall"            # a rank made no progress for the timeout (the stall watchdog)
+    # a whole host gone: its pod killed by SIGKILL at once (run-local), or nothing arrives
+    # from it any more (the watchdog: a lost node or a partition)
+    LOST_HOST = "lost_host"
     STOPPED = "stopped"        # SIGTERM / SIGINT, and the ranks stopped at a step with a checkpoint
+    # SIGTERM / SIGINT that ended the job without a checkpoint of this stop (or a script's
+    # ranks, whose handling of it is their own): 128 + signum, as a shell reports it
+    INTERRUPTED = "interrupted"
+    # SIGTERM / SIGINT after the last step: the run had finished; said, and exit 0
+    STOPPED_AFTER_END = "stopped_after_end"
     CRASH = "crash"            # anything else: an exception, a signal, an exit status
 
 
@@ -45,13 +53,20 @@ class Outcome:
     """How `disttrain run` ends for one kind of failure.
 
     Attributes:
-        exit_code: the exit status; None: the job's own (a crash's exit status).
+        exit_code: the exit status; None: the job's own (a crash's exit status; a stop
+            signal's 128 + signum).
         alone: the failure's message says all the user needs: printed as one line, without
             the failed-ranks line and the log diagnosis.
+        prefix: what the line starts with ("error: "; a stop is news, not an error: "").
     """
 
     exit_code: int | None
     alone: bool
+    prefix: str = "error: "
+
+    def line(self, message: str) -> str:
+        """The one line `disttrain run` says for a failure whose message is `message`."""
+        return f"{self.prefix}{message}"
 
 
 # The CLI's one table: kind -> exit status and how it is said (cli/run_cmd.py).
@@ -61,7 +76,11 @@ OUTCOMES: dict[FailureKind, Outcome] = {
     # the keys and shapes that differ, and the fix (another run dir, or no --resume)
     FailureKind.INCOMPATIBLE_CHECKPOINT: Outcome(2, alone=True),
     FailureKind.STALL: Outcome(1, alone=False),        # the watchdog's line leads the diagnosis
-    FailureKind.STOPPED: Outcome(EXIT_STOPPED, alone=True),
+    FailureKind.LOST_HOST: Outcome(1, alone=False),    # the host's line (and its ranks) leads it
+    # "stopped by SIGTERM at step 40, ...; resume with: ..."
+    FailureKind.STOPPED: Outcome(EXIT_STOPPED, alone=True, prefix=""),
+    FailureKind.INTERRUPTED: Outcome(None, alone=True, prefix=""),
+    FailureKind.STOPPED_AFTER_END: Outcome(0, alone=True, prefix=""),
     FailureKind.CRASH: Outcome(None, alone=False),
 }
 
@@ -199,3 +218,10 @@ class RankStalled(DisttrainError, RuntimeError):
     torchrun's error file before it ends the job (docs/resilience.md)."""
 
     kind = FailureKind.STALL
+
+
+class HostLost(RankStalled):
+    """Nothing arrives any more from the host of a rank that made no progress (a lost node,
+    or a partition); recorded like a stall, as the kind of failure it is."""
+
+    kind = FailureKind.LOST_HOST

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -151,20 +152,6 @@ def test_contend_busies_the_cores_for_the_whole_benchmark_only(tmp_path, monkeyp
                    for pid in seen), "stopped when the benchmark ended"
 
 
-def test_overhead_json_shape(tmp_path):
-    res = CliRunner().invoke(bench, ["overhead", *TINY, "--run-dir", str(tmp_path / "ov")])
-    assert res.exit_code == 0, res.output
-    objs = _json_lines(res.output)
-    row, summary = objs[0], objs[-1]["summary"]
-    assert row["ratio"] == pytest.approx(row["trainer_samples_per_s"] / row["plain_samples_per_s"])
-    assert row["trainer_params_in_sync"] is True and row["plain_params_in_sync"] is True
-    assert row["trainer_first_step_s"] > 0 and row["plain_first_step_s"] > 0
-    assert summary["ratio_median"] == summary["ratio_min"] == summary["ratio_max"] == row["ratio"]
-    plain = json.loads((tmp_path / "ov" / "runs" / "plain-r0.json").read_text())
-    assert plain["steps"] == 10 and plain["warmup"] == 10 and plain["world_size"] == 2
-    assert (tmp_path / "ov" / "overhead.png").exists()
-
-
 def test_overhead_without_plain_script_exit_2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(bench, ["overhead", "--plain-script", str(tmp_path / "none.py")])
@@ -247,56 +234,73 @@ def test_curves_agree_on_their_later_half_level():
     assert training.compare_curves([[5, 1.0]], [[5, 1.0]], warmup=10)["agree"] is None
 
 
-@pytest.mark.slow
-def test_overhead_chargpt_curves_agree(tmp_path):
-    res = CliRunner().invoke(bench, ["overhead", "--example", "chargpt", "--steps", "10", "--warmup", "10",
-                                     "--rounds", "1", "--json", "--run-dir", str(tmp_path / "ov")])
+# One `bench overhead` run (2 processes each side, 10 + 10 steps) that the tests below all
+# read: starting a Trainer and a plain loop is what costs, not the steps. The workload is a
+# user's task in the current folder (found there by both sides, as `disttrain run --task`)
+# that builds a small chargpt (a real transformer with held-out data) with its own loss_fn,
+# so one run shows a task's options, its loss_fn and a real model on both sides.
+# `--example chargpt` resolving to the same plain loop and task: test_both_sides_... above.
+TASK_MODULE = '''
+from dataclasses import replace
+
+from torch import nn
+from disttrain.examples.chargpt import make_task as chargpt_task
+
+
+def tokens_loss(logits, target):
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+
+
+def make_task(width: int = 16):
+    task = chargpt_task(block=16, layers=1, width=width, heads=2, stride=64)
+    return replace(task, loss_fn=tokens_loss, name="t_bench_task")
+'''
+
+
+@pytest.fixture(scope="module")
+def overhead_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(its run dir, its output) of `bench overhead --task t_bench_task:make_task`."""
+    cwd = tmp_path_factory.mktemp("overhead")
+    (cwd / "t_bench_task.py").write_text(TASK_MODULE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)  # the task is found in the current folder, as `disttrain run --task`
+        mp.syspath_prepend(str(cwd))
+        res = CliRunner().invoke(bench, ["overhead", "--task", "t_bench_task:make_task", "--task-args",
+                                         '{"width": 32}', "--steps", "10", "--warmup", "10",
+                                         "--rounds", "1", "--json", "--run-dir", str(cwd / "ov")])
     assert res.exit_code == 0, res.output
-    objs = _json_lines(res.output)
+    return cwd / "ov", res.output
+
+
+@pytest.mark.slow
+def test_overhead_json_shape(overhead_run):
+    run_dir, output = overhead_run
+    objs = _json_lines(output)
     row, summary = objs[0], objs[-1]["summary"]
     assert row["ratio"] == pytest.approx(row["trainer_samples_per_s"] / row["plain_samples_per_s"])
     assert row["trainer_params_in_sync"] is True and row["plain_params_in_sync"] is True
+    assert row["trainer_first_step_s"] > 0 and row["plain_first_step_s"] > 0
+    assert summary["ratio_median"] == summary["ratio_min"] == summary["ratio_max"] == row["ratio"]
+    plain = json.loads((run_dir / "runs" / "plain-r0.json").read_text())
+    assert plain["steps"] == 10 and plain["warmup"] == 10 and plain["world_size"] == 2
+    assert (run_dir / "overhead.png").exists()
+
+
+@pytest.mark.slow
+def test_overhead_of_a_user_task_runs_its_loss_fn_on_both_sides(overhead_run):
+    run_dir, output = overhead_run
+    row, summary = _json_lines(output)[0], _json_lines(output)[-1]["summary"]
     # the same batches from the same weights: the curves are the same up to float rounding
     assert row["curve_points"] == 1 and row["curves_agree"] is True
     assert row["curve_max_gap"] < 1e-3
     assert row["trainer_eval_loss"] == pytest.approx(row["plain_eval_loss"], abs=1e-3)
-    assert summary["workload"] == "chargpt" and summary["curves_agree"] is True
-    plain = json.loads((tmp_path / "ov" / "runs" / "plain-r0.json").read_text())
-    assert plain["task"] == "disttrain.examples.chargpt:make_task" and plain["world_size"] == 2
-    assert [s for s, _ in plain["loss_curve"]] == [10, 20]
-
-
-TASK_MODULE = '''
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-from disttrain.train.task import TrainTask
-
-
-def make_task(hidden: int = 16) -> TrainTask:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2048, 8, generator=g)
-    y = (x[:, 0] > 0).long()
-    return TrainTask(model=lambda: nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2)),
-                     train_data=TensorDataset(x, y), loss_fn=nn.CrossEntropyLoss())
-'''
-
-
-@pytest.mark.slow
-def test_overhead_of_a_user_task_runs_its_loss_fn_on_both_sides(tmp_path, monkeypatch):
-    (tmp_path / "t_bench_task.py").write_text(TASK_MODULE)
-    monkeypatch.chdir(tmp_path)  # the task is found in the current folder, as `disttrain run --task`
-    res = CliRunner().invoke(bench, ["overhead", "--task", "t_bench_task:make_task", "--task-args",
-                                     '{"hidden": 8}', "--steps", "10", "--warmup", "10", "--rounds", "1",
-                                     "--json", "--run-dir", str(tmp_path / "ov")])
-    assert res.exit_code == 0, res.output
-    row, summary = _json_lines(res.output)[0], _json_lines(res.output)[-1]["summary"]
-    assert row["trainer_params_in_sync"] is True and row["plain_params_in_sync"] is True
-    assert row["curves_agree"] is True and row["curve_max_gap"] < 1e-3
-    assert summary["workload"] == "t_bench_task:make_task"
-    saved = json.loads((tmp_path / "ov" / "results.json").read_text())
-    assert saved["settings"]["task_args"] == {"hidden": 8}
+    assert summary["workload"] == "t_bench_task:make_task" and summary["curves_agree"] is True
+    saved = json.loads((run_dir / "results.json").read_text())
+    assert saved["settings"]["task_args"] == {"width": 32}
     assert saved["settings"]["plain_script"].endswith("plain_chargpt.py")
+    plain = json.loads((run_dir / "runs" / "plain-r0.json").read_text())
+    assert plain["task"] == "t_bench_task:make_task"
+    assert [s for s, _ in plain["loss_curve"]] == [10, 20]
 
 
 def test_contention_runs_busy_processes_only_for_the_block():

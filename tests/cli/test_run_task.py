@@ -166,6 +166,20 @@ def test_bad_task_exits_2_with_one_line_and_writes_nothing(task_dir, args, needl
     assert earlier.read_text() == "earlier run\n"
 
 
+def test_a_refused_job_leaves_no_warm_fork_server_behind(task_dir):
+    """The workers' warm fork server starts before the input checks (its torch import
+    overlaps the launcher's); a job they refuse stops it at once, rather than leave it
+    importing torch and the task for seconds of a core after the launcher has gone."""
+    import psutil
+
+    res = run_cli("run", "--task-args", "{hidden: 2}", "--epochs", "1", cwd=task_dir, timeout=120)
+    assert res.returncode == 2 and "takes no argument hidden" in res.stderr, res.stderr
+    left = [p.pid for p in psutil.process_iter(["cmdline", "cwd"])
+            if "multiprocessing.forkserver" in " ".join(p.info["cmdline"] or [])
+            and p.info["cwd"] == str(task_dir)]
+    assert left == [], "a fork server outlived the refused job"
+
+
 @pytest.mark.slow
 def test_task_trains_on_two_ranks(task_dir):
     res = run_cli("run", "--task", "mytask:make_task", "--task-args", "{hidden: 12}",

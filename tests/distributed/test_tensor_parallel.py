@@ -2,9 +2,9 @@
 cuts, and chargpt trained with tp=2 and with pp=2 (gpipe, 1f1b) on two gloo ranks against
 one process (one reference run for all of them).
 
-The equivalence run uses the Trainer's own pieces (the task from its reference, `make_model`,
-`build_optimizer`, the task's step function) in a plain loop, because the Trainer does not
-run tp yet (the spec refuses tp/pp before launch, naming what is missing).
+The equivalence runs here use the library's pieces (the task from its reference, `make_model`,
+`build_optimizer`, `run_step`) in a plain loop; the same through `disttrain run` (the
+Trainer) is tests/distributed/test_parallel_trainer.py.
 """
 
 from __future__ import annotations
@@ -60,13 +60,20 @@ def test_degrees_that_do_not_fit_the_world_are_refused_naming_them(given, world,
     ({"pp_schedule": "gpipe"}, "pp_schedule: applies to pipeline parallel only"),
     ({"tp": 2, "pp": 2, "nproc_per_node": 4}, "tp and pp together"),
     ({"tp": 2, "dp_shard": 2, "nproc_per_node": 4}, "data parallel on top of tp/pp"),
-    ({"tp": 2, "nproc_per_node": 2}, "does not run tensor or pipeline parallel yet"),
+    ({"tp": 2, "nproc_per_node": 2, "strategy": "fsdp"}, "strategy fsdp splits the data"),
+    ({"pp": 2, "nproc_per_node": 2, "batch_size": 6}, "microbatches: 4 does not divide"),
 ])
 def test_spec_refuses_bad_degrees_before_launch(overrides, words):
     with pytest.raises(SpecError, match=words) as err:
         JobSpec.from_dict({"task": TASK}, overrides)
     assert str(err.value).count("\n") == 0
     assert "parallelism" in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [{"tp": 2}, {"pp": 2}, {"tp": -1}, {"pp": 2, "pp_schedule": "gpipe"}])
+def test_tp_or_pp_alone_over_every_rank_is_accepted(overrides):
+    spec = JobSpec.from_dict({"task": TASK}, {"nproc_per_node": 2, **overrides})
+    assert spec.parallelism.model_parallel
 
 
 def test_a_script_job_refuses_the_parallelism_section():
@@ -131,6 +138,7 @@ def _train(tp: int, ckpt: str | None = None, start: int = 0, stop: int = STEPS) 
     from disttrain.distributed.tensor_parallel import apply_tp, dcp_view, full_state_dict
     from disttrain.train.build import make_model
     from disttrain.train.optim import build_optimizer
+    from disttrain.train.steps import run_step
     from disttrain.train.task import load_task
 
     task = load_task(TASK, TASK_ARGS)
@@ -153,7 +161,7 @@ def _train(tp: int, ckpt: str | None = None, start: int = 0, stop: int = STEPS) 
             set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         losses = []
         for batch in _batches()[start:stop]:
-            loss = task.step_fn(model, batch)
+            loss, _ = run_step(task, model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -346,3 +354,78 @@ def test_chargpt_pp2_resumed_from_a_checkpoint_equals_the_uninterrupted_run(pp2_
     for rank in (0, 1):
         for name, value in full[rank]["params"].items():
             assert torch.equal(resumed[rank]["params"][name], value), name
+
+
+# -- the sync check on DTensor shards ---------------------------------------------------------
+def _tp_sync_reports() -> dict[str, Any]:
+    """tp=2 chargpt: in sync, then one replicated weight (the embedding) changed on rank 1,
+    then only rank 1's own shard of a split weight changed."""
+    from disttrain.distributed.mesh import build_mesh
+    from disttrain.distributed.sync_check import check_copies_in_sync, dtensor_copies
+    from disttrain.distributed.tensor_parallel import apply_tp
+
+    rt = setup_for_test()
+    try:
+        model = _tiny_model()
+        mesh = build_mesh(resolve_degrees(ParallelismSpec(tp=2), rt.world_size), rt)
+        apply_tp(model, mesh["tp"], tp_plan_for(model))
+        out = {"clean": check_copies_in_sync(dtensor_copies(model))}
+        keys = [k for k, _ in dtensor_copies(model)]
+        with torch.no_grad():
+            if rt.rank == 1:
+                model.blocks[0].mlp[0].weight.to_local().add_(1.0)   # its own shard only
+        out["shard"] = check_copies_in_sync(dtensor_copies(model))
+        with torch.no_grad():
+            if rt.rank == 1:
+                model.pos.weight.add_(1.0)                            # replicated on both
+        out["replicated"] = check_copies_in_sync(dtensor_copies(model))
+        return {"keys": keys, **{k: (r.in_sync, r.first_diverged, r.diverged_ranks, r.describe())
+                                 for k, r in out.items()}}
+    finally:
+        rt.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_sync_check_compares_replicated_tensors_and_counts_lone_shards():
+    results = run_ranks(2, _tp_sync_reports, timeout_s=90)
+    r = results[0]
+    assert "blocks.0.mlp.0.weight@tp=0" in r["keys"] and "pos.weight" in r["keys"]
+    assert r["clean"][0] and "held by one rank only" in r["clean"][3]
+    # with dp=1 every tp shard is held by one rank: nothing to compare it with, no failure
+    assert r["shard"][0]
+    assert r["replicated"][:3] == (False, "pos.weight", [1])
+    assert results[1]["replicated"][:3] == r["replicated"][:3]
+
+
+def test_pipeline_loaders_yield_whole_batches_only():
+    """pp traces its stages for batch_size / microbatches rows: an epoch's short last batch
+    is dropped, by both loaders alike, and a resume mid-epoch still ends there."""
+    from torch.utils.data import TensorDataset
+
+    from disttrain.train.loader import DatasetLoader, ShardedLoader
+
+    x, y = torch.arange(21).float().unsqueeze(1), torch.arange(21)
+    for loader in (ShardedLoader(x, y, 4, 0, 1, seed=1),
+                   DatasetLoader(TensorDataset(x, y), 4, 0, 1, seed=1)):
+        assert len(loader) == 6 and [len(b[0]) for b in loader][-1] == 1
+        loader.whole_batches = True
+        assert len(loader) == 5 and [len(b[0]) for b in loader] == [4] * 5
+        loader.skip = 3
+        assert [len(b[0]) for b in loader] == [4, 4]
+
+
+def test_a_job_file_parallelism_section_means_what_the_flags_mean(tmp_path):
+    """`disttrain run -f job.yaml` with a `parallelism:` section (the yaml read as the CLI
+    reads it) resolves to the same degrees as `--pp 2 --pp-schedule gpipe`."""
+    import yaml
+
+    path = tmp_path / "job.yaml"
+    path.write_text("task: disttrain.examples.chargpt:make_task\nlaunch: {nproc_per_node: 2}\n"
+                    "parallelism: {pp: 2, pp_schedule: gpipe, microbatches: 2}\n")
+    from_file = JobSpec.from_dict(yaml.safe_load(path.read_text()))
+    from_flags = JobSpec.from_dict({"task": TASK}, {"nproc_per_node": 2, "pp": 2,
+                                                    "pp_schedule": "gpipe", "microbatches": 2})
+    assert from_file.parallelism == from_flags.parallelism
+    assert resolve_degrees(from_file.parallelism, 2) == Degrees(pp=2, dp_replicate=1, dp_shard=1, tp=1)
+    # the ranks get the spec's full dump: it must mean the same
+    assert JobSpec.from_dict(yaml.safe_load(from_file.to_yaml())).parallelism == from_file.parallelism

@@ -1,10 +1,13 @@
-"""Fixtures for the Kubernetes tests: schema validation, a fake API server, CLI runs."""
+"""Fixtures for the Kubernetes tests: schema validation, a fake API server, CLI runs; at
+the session's end, the network namespaces that killed run-local runs left (`sweep_namespaces`)."""
 
 from __future__ import annotations
 
 import copy
 import functools
 import gzip
+import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,3 +170,20 @@ def fake_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAp
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         yield api
+
+
+def sweep_namespaces() -> list[str]:
+    """`netns.sweep_stale` where namespaces can be made (root, `ip`): the `dt<pid>-*`
+    namespaces and /etc/netns folders of runs whose process is gone (a test killed by its
+    timeout, a SIGKILLed run-local); a live run's are kept. Returns the names removed."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("ip") is None:
+        return []
+    from disttrain.k8s.netns import sweep_stale
+
+    return sweep_stale()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Sweep at the end of every session that loaded these tests (each xdist worker too:
+    only dead owners' namespaces go, so a worker still running keeps its own)."""
+    sweep_namespaces()

@@ -60,8 +60,9 @@ def test_apply_replaces_a_changed_job(cli: Any, workdir: Path, fake_api: FakeApi
         "train.py"]
 
 
-def test_apply_changing_kind_prunes_the_old_workload(cli: Any, workdir: Path,
-                                                     fake_api: FakeApiServer) -> None:
+def test_changing_kind_prunes_the_old_kinds_objects_both_ways(cli: Any, workdir: Path,
+                                                              fake_api: FakeApiServer) -> None:
+    """Pod -> Indexed Job (+ Service) -> Pod: each apply prunes what the other kind made."""
     assert cli("k8s", "apply", *POD_JOB).code == 0
     result = cli("k8s", "apply", *INDEXED)
     assert result.code == 0, result.err
@@ -70,6 +71,10 @@ def test_apply_changing_kind_prunes_the_old_workload(cli: Any, workdir: Path,
     assert ("pods", "default", "ddp") not in fake_api.state.objects
     job = fake_api.state.objects[("jobs", "default", "ddp")]
     assert job["spec"]["completionMode"] == "Indexed"
+    result = cli("k8s", "apply", *POD_JOB)
+    assert result.code == 0, result.err
+    assert "job/ddp pruned" in result.out and "service/ddp pruned" in result.out
+    assert {k[0] for k in fake_api.state.objects} == {"pods", "configmaps"}
 
 
 def test_new_code_alone_restarts_the_job(cli: Any, workdir: Path,
@@ -78,15 +83,6 @@ def test_new_code_alone_restarts_the_job(cli: Any, workdir: Path,
     (workdir / "train.py").write_text("print('fixed a bug')\n")
     result = cli("k8s", "apply", *POD_JOB)
     assert "configmap/ddp-code replaced" in result.out and "pod/ddp replaced" in result.out
-
-
-def test_changing_kind_back_prunes_job_and_service(cli: Any, workdir: Path,
-                                                   fake_api: FakeApiServer) -> None:
-    assert cli("k8s", "apply", *INDEXED).code == 0
-    result = cli("k8s", "apply", *POD_JOB)
-    assert result.code == 0, result.err
-    assert "job/ddp pruned" in result.out and "service/ddp pruned" in result.out
-    assert {k[0] for k in fake_api.state.objects} == {"pods", "configmaps"}
 
 
 def test_apply_in_the_spec_namespace(cli: Any, workdir: Path, fake_api: FakeApiServer) -> None:
@@ -264,11 +260,11 @@ def test_delete_waits_until_the_object_is_gone(fake_api: FakeApiServer, tmp_path
 
 def test_kubeconfig_search_order(fake_api: FakeApiServer, tmp_path: Path,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from disttrain.k8s import client
+    from disttrain.k8s import client, kubeconfig
 
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setattr(client, "K3S_KUBECONFIG", str(tmp_path / "k3s.yaml"))
+    monkeypatch.setattr(kubeconfig, "K3S_KUBECONFIG", str(tmp_path / "k3s.yaml"))
     assert client.find_kubeconfig() == str(tmp_path / "kubeconfig")  # $KUBECONFIG
     monkeypatch.delenv("KUBECONFIG")
     with pytest.raises(client.KubeError, match="no kubeconfig found"):

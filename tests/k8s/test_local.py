@@ -19,25 +19,15 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.fixtures.hosts import needs_netns
 
 from disttrain.k8s import local
 from disttrain.k8s import netns as hostnet
 from disttrain.k8s.render import render
 from disttrain.spec.job import JobSpec
 
-
-def _can_netns() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "needs iproute2 `ip` and util-linux `unshare`"
-    done = subprocess.run(["ip", "netns", "list"], capture_output=True, check=False)
-    return None if done.returncode == 0 else "`ip netns` does not work here"
-
-
 TASK_DATA = Path(__file__).parent / "data" / "task"
-NETNS_SKIP = _can_netns()
-netns = pytest.mark.skipif(NETNS_SKIP is not None, reason=NETNS_SKIP or "")
+netns = needs_netns
 
 
 def _job_spec(**launch: Any) -> JobSpec:

@@ -11,21 +11,10 @@ from typing import Any
 import pytest
 import yaml
 from k8s_fake_apiserver import FakeApiServer
+from tests.fixtures import copy_task
 
 from conftest import validate_all
 
-TASK = '''
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-from disttrain.train.task import TrainTask
-
-def make_task(width: int = 64) -> TrainTask:
-    x, y = torch.randn(256, width), torch.randint(0, 4, (256,))
-    return TrainTask(model=lambda: nn.Sequential(nn.Linear(width, width), nn.ReLU(),
-                                                 nn.Linear(width, 4)),
-                     train_data=TensorDataset(x, y), loss_fn=nn.CrossEntropyLoss())
-'''
 # 2 GPUs, one rank each: 512 context + 544 NCCL + 32 cuBLAS + the tensors -> 1280 MiB
 JOB = ["--task", "slicetask:make_task", "--image", "registry.local/ml/train:1",
        "--image-has-disttrain", "--gpus", "2", "--nproc-per-node", "2", "--name", "plan"]
@@ -35,7 +24,7 @@ BIG = ["--task-args", "{width: 8192}"]
 
 @pytest.fixture
 def task_dir(workdir: Path) -> Path:
-    (workdir / "slicetask.py").write_text(TASK)
+    copy_task("width_task", workdir, "slicetask")
     return workdir
 
 

@@ -20,19 +20,8 @@ from disttrain.plan.slice import (
     too_small,
 )
 from disttrain.plan.trace import Knobs
+from tests.fixtures import copy_task
 
-TASK = '''
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-from disttrain.train.task import TrainTask
-
-def make_task(width: int = 64) -> TrainTask:
-    x, y = torch.randn(128, width), torch.randint(0, 4, (128,))
-    return TrainTask(model=lambda: nn.Sequential(nn.Linear(width, width), nn.ReLU(),
-                                                 nn.Linear(width, 4)),
-                     train_data=TensorDataset(x, y), loss_fn=nn.CrossEntropyLoss())
-'''
 JOB = ["--task", "plantask:make_task", "--gpus", "2", "--nproc-per-node", "2"]
 BIG = ["--task-args", "{width: 8192}"]   # ~1.3 GiB of tensors per rank under DDP + Adam
 
@@ -42,7 +31,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
     from disttrain.cli.main import main
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "plantask.py").write_text(TASK)
+    copy_task("width_task", tmp_path, "plantask")   # the one source the slice gate's tests share
 
     def run(*argv: str) -> tuple[int, str, str]:
         code = main(list(argv))

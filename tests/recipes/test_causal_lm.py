@@ -166,6 +166,25 @@ def test_the_memory_plan_traces_the_recipe(model_dir: Path, tmp_path: Path) -> N
     assert plan.tensors.peak_bytes >= 4 * weights
 
 
+def test_the_memory_plan_traces_a_lora_model(model_dir: Path, tmp_path: Path) -> None:
+    """LoRA's frozen base used to stop the trace ("cannot register a hook on a tensor that
+    doesn't require gradient"); now it counts as parameters only (tests/plan/test_lora_plan.py
+    holds the plan to the real run)."""
+    pytest.importorskip("peft")
+    from disttrain.plan.job import plan_task
+    from disttrain.plan.trace import Knobs
+
+    data = fx.write_jsonl(tmp_path / "d.jsonl", fx.corpus(4000))
+    task = make_task(str(model_dir), str(data), seq_len=16, cache_dir=str(tmp_path / "c"),
+                     lora={"r": 4})
+    trainable = sum(p.numel() for p in task.model().parameters() if p.requires_grad)
+    plan = plan_task(task, Knobs(strategy="ddp", world_size=2, local_world_size=2, batch_size=2),
+                     search=False)
+    books = plan.tensors.largest
+    assert books["gradients"] == pytest.approx(4 * trainable, rel=0.05), books
+    assert books["parameters"] > 10 * books["gradients"], books
+
+
 def test_the_finetune_verb_is_run_of_the_recipe(model_dir: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
 

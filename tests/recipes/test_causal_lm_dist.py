@@ -151,6 +151,39 @@ def test_killed_rank_of_a_lora_ddp_run_resumes_bitwise(root: Path, runs: dict[in
     assert len(redone) == 2, "step 7 once per rank: the redone steps replace the lost ones"
 
 
+def _saved_model_keys(run_dir: Path) -> dict[str, set[str]]:
+    """The model keys of a run's newest checkpoint: its .pt entry and its DCP folder's."""
+    import torch.distributed.checkpoint as dcp
+
+    from disttrain.rundir import checkpoint_dir
+    from disttrain.train.checkpoint import load_latest
+
+    found = load_latest(checkpoint_dir(run_dir))
+    assert found is not None, run_dir
+    ckpt, path = found
+    out = {"pt": set(ckpt["model"]), "left_out": {str(ckpt.get("frozen_left_out"))}}
+    if ckpt.get("dcp"):
+        meta = dcp.FileSystemReader(str(path.parent / ckpt["dcp"])).read_metadata()
+        out["dcp"] = {k.removeprefix("model.") for k in meta.state_dict_metadata
+                      if k.startswith("model.")}
+    return out
+
+
+def test_lora_checkpoints_hold_the_adapter_not_the_base(root: Path, runs: dict[int, Any]) -> None:
+    """Adapter-only checkpoints (train/ckpt_trainable.py): the LoRA runs' checkpoints, DDP and
+    FSDP, hold the adapter weights only (the resumes above loaded them onto a fresh base)."""
+    lora = _saved_model_keys(root / "runs" / "llama-fsdp-lora-resumed")
+    full = _saved_model_keys(root / "runs" / "llama-fsdp-full-resumed")
+    for where in ("pt", "dcp"):
+        assert lora[where] and all(".lora_" in k for k in lora[where]), lora[where]
+        assert not any(".lora_" in k for k in full[where])
+    assert int(next(iter(lora["left_out"]))) > 0 and full["left_out"] == {"None"}
+    killed = root / "runs" / "gpt2-ddp-lora-killed"
+    if killed.is_dir():   # written by the kill-and-resume test, when it ran first
+        keys = _saved_model_keys(killed)["pt"]
+        assert keys and all(".lora_" in k for k in keys), keys
+
+
 def _eval_loss(model: torch.nn.Module, root: Path, arch: str,
                monkeypatch: pytest.MonkeyPatch) -> float:
     from disttrain.recipes.causal_lm import make_task

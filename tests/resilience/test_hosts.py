@@ -11,29 +11,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from disttrain.errors import OUTCOMES, FailureKind
 from disttrain.k8s import netns as hostnet
 from tests.conftest import DISTTRAIN, run_cli
+from tests.fixtures.hosts import needs_netns
 
-
-def _can_netns() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "needs iproute2 `ip` and util-linux `unshare`"
-    done = subprocess.run(["ip", "netns", "list"], capture_output=True, check=False)
-    return None if done.returncode == 0 else "`ip netns` does not work here"
-
-
-NETNS_SKIP = _can_netns()
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300),
-              pytest.mark.skipif(NETNS_SKIP is not None, reason=NETNS_SKIP or ""),
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), needs_netns,
               pytest.mark.usefixtures("no_stray_workers")]
 
 TIMEOUT_S = 15
@@ -125,7 +114,8 @@ def test_a_lost_host_without_restarts_ends_the_job_naming_it(tmp_path: Path) -> 
     hostnet.lose_host(f"{job.tag}-1")
     _, err = job.finish()
     took = time.monotonic() - lost_at
-    assert job.proc.returncode != 0
+    # typed where run-local sees the SIGKILL: the lost host's exit status (errors.OUTCOMES)
+    assert job.proc.returncode == OUTCOMES[FailureKind.LOST_HOST].exit_code, err[-3000:]
     assert "error: host disttrain-1 lost with rank 1: pod disttrain-1 was killed by SIGKILL" in err
     print(f"\nhost lost -> run-local exit: {took:.1f} s (timeout {TIMEOUT_S} s)")
     assert took < TIMEOUT_S + 30, err[-3000:]

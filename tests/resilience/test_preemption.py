@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from disttrain.errors import EXIT_STOPPED
-from disttrain.resilience.preemption import GracefulStop
+from disttrain.resilience import preemption
+from disttrain.resilience.preemption import GracefulStop, check_interval
 from disttrain.testing import run_ranks, setup_for_test
 from tests.conftest import DISTTRAIN, run_cli
 
@@ -94,6 +95,22 @@ def test_ranks_agree_on_one_step_with_few_collectives():
     assert step0 == step1 >= 30, stops          # the same step on both, not before the signal
     # about one check a second at 10 ms a step (~100 steps apart, at most MAX_CHECK_STEPS)
     assert checks0 == checks1 < step0 / 4, stops
+
+
+def test_a_costly_check_spaces_the_next_ones_out():
+    """Under CPU contention a check (a rendezvous of the ranks) costs tens of ms: the checks
+    stay within CHECK_BUDGET of the time instead of CHECK_EVERY_S apart (issue 21)."""
+    p, step_s = preemption, 0.05
+    cheap = check_interval(step_s, check_s=0.0007)           # a quiet machine's ~0.7 ms
+    assert abs(cheap - p.CHECK_EVERY_S / step_s) <= 1
+    costly = check_interval(step_s, check_s=0.02)            # 20 ms: checks 2 s apart
+    assert abs(costly - 0.02 / p.CHECK_BUDGET / step_s) <= 1 and costly > 4 * cheap
+    assert 0.02 / (costly * step_s) <= p.CHECK_BUDGET * 1.05   # the checks' share of the time
+    # never further apart than MAX_CHECK_S (a stop must start within the grace period) ...
+    assert abs(check_interval(0.1, check_s=10.0) - p.MAX_CHECK_S / 0.1) <= 1
+    # ... nor than MAX_CHECK_STEPS steps, and never 0 steps
+    assert check_interval(0.0001, check_s=0.02) == p.MAX_CHECK_STEPS
+    assert check_interval(60.0, check_s=1.0) == 1
 
 
 def test_without_a_process_group_the_flag_alone_decides():

@@ -242,8 +242,8 @@ def run_local(script: str | None, script_args: tuple[str, ...], spec_file: str |
     run_dir = local_spec(spec, Path(".")).train.run_dir
     if result.timed_out:
         click.echo(f"error: run-local stopped after --timeout {run_timeout_s:g}s", err=True)
-    for line in result.lost.values():  # a host killed as a whole, with its ranks
-        click.echo(f"error: {line}", err=True)
+    for lost in result.lost.values():  # a host killed as a whole, with its ranks (typed)
+        click.echo(lost.outcome.line(lost.message), err=True)
     _report_failures([(pod, f"failed (exit code {result.exit_codes[pod]})", result.logs[pod])
                       for pod in result.failed])
     if result.verdict:  # last: what the failures above come from

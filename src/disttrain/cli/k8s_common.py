@@ -86,6 +86,19 @@ def check_slice_or_fail(spec: Any, plan: bool, comments: list[str] | None = None
             comments.append(note)
 
 
+def check_mesh_or_fail(spec: Any) -> None:
+    """tp divides the model's heads and pp does not exceed its blocks
+    (`disttrain.plan.mesh_fit`), with the pod's processes (its GPUs when `auto`)."""
+    from disttrain.errors import DisttrainError
+    from disttrain.launch.argv import resolve_nproc
+    from disttrain.plan.mesh_fit import check_mesh_fits
+
+    try:
+        check_mesh_fits(spec, resolve_nproc(spec, gpus=spec.cluster.gpus))
+    except DisttrainError as exc:
+        fail(str(exc))
+
+
 def render_or_fail(spec: Any, *, local: bool = False, plan: bool = True,
                    comments: list[str] | None = None) -> Any:
     """`render(spec)` with a SpecError as exit 2 and the render's warnings on stderr; before
@@ -95,6 +108,8 @@ def render_or_fail(spec: Any, *, local: bool = False, plan: bool = True,
     if not local:
         # The spec's own mistakes first (cheap, exit 2), then the plan (seconds).
         _render_checked(render, _with_placeholder_gpumem(spec))
+        if plan:   # the model against tp/pp (heads, blocks), built as the plan builds it
+            check_mesh_or_fail(spec)
         check_slice_or_fail(spec, plan, comments)
     rendered = _render_checked(render, spec, local)
     for warning in rendered.warnings:

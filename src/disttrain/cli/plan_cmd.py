@@ -55,7 +55,9 @@ def plan_or_fail(spec: Any, search: bool = True) -> Any:
         fail(too_small(gpumem))
     try:
         from disttrain.plan import plan_job
+        from disttrain.plan.mesh_fit import check_mesh_fits
 
+        check_mesh_fits(spec)   # tp divides the heads, pp <= the blocks
         return plan_job(spec, search=search)
     except DisttrainError as exc:
         fail(str(exc))

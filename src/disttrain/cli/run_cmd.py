@@ -37,7 +37,11 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
         _prewarm(spec)
     if "master_port" in overrides or _file_sets_port(spec_file):
         spec.launch.port_explicit = True
-    _check_inputs(spec)
+    try:
+        _check_inputs(spec)
+    except click.exceptions.Exit:
+        _stop_prewarmed()   # refused: the warm server would import torch for nothing
+        raise
     if spec.script:
         _script_defaults(spec)
     if dry_run:
@@ -86,6 +90,12 @@ def _prewarm(spec: Any) -> None:
     prewarm_workers({"ref": spec.task, "args": spec.task_args} if own else None)
 
 
+def _stop_prewarmed() -> None:
+    from disttrain.launch.forkserver import stop_prewarmed
+
+    stop_prewarmed()
+
+
 def _file_sets_port(spec_file: str | None) -> bool:
     if not spec_file:
         return False
@@ -99,7 +109,7 @@ def _check_inputs(spec: Any) -> None:
     """Refuse, before any process starts, what would only fail inside every worker: the
     host rules (`disttrain.spec.rules.check_runnable`, which every rank applies again),
     a script that cannot be read, a task that cannot be built with its arguments (its
-    check: e.g. missing MNIST files)."""
+    check: e.g. missing MNIST files), parallelism degrees its model cannot be split into."""
     from disttrain.errors import DistEnvError, DisttrainError
     from disttrain.launch.devices import local_gpu_count
     from disttrain.spec.paths import check_readable_file
@@ -111,6 +121,10 @@ def _check_inputs(spec: Any) -> None:
             _check_own_workers(spec)
         if spec.task:
             _check_task(spec)
+            from disttrain.plan.mesh_fit import check_mesh_fits  # imports torch: tasks only
+
+            # the degrees' product, tp divides the heads, pp <= the blocks (meta model)
+            check_mesh_fits(spec, _local_nproc(spec))
         check_runnable(spec, gpus=local_gpu_count(), world_size=_env_world_size(spec))
     except DistEnvError as exc:
         fail(f"--launcher env: {exc}")
@@ -156,6 +170,14 @@ def _check_task(spec: Any) -> None:
     from disttrain.train.task import check_task
 
     check_task(spec.task, spec.task_args, search=[spec.task_dir or ".", os.getcwd()])
+
+
+def _local_nproc(spec: Any) -> int | None:
+    """The processes the launcher will start here (`auto` resolved as `launch.plan.make_plan`
+    does); None under `--launcher env` (WORLD_SIZE sizes that job, read in each rank)."""
+    from disttrain.launch.argv import resolve_nproc
+
+    return resolve_nproc(spec) if spec.launch.launcher != "env" else None
 
 
 def _env_world_size(spec: Any) -> int | None:
@@ -214,7 +236,7 @@ def _owns_outputs(spec: Any) -> bool:
 def _run(spec: Any) -> int:
     from disttrain.errors import LaunchError
     from disttrain.launch.launchers import launch, plan_launch
-    from disttrain.resilience.preemption import clear_stop_record, stop_outcome
+    from disttrain.resilience.preemption import clear_stop_record, stop_failure
 
     # The port is checked (and a free one chosen) before the run dir is touched: a job
     # that cannot start must not have wiped the previous run's outputs; its notes are
@@ -222,6 +244,7 @@ def _run(spec: Any) -> int:
     try:
         plan = plan_launch(spec)
     except LaunchError as exc:
+        _stop_prewarmed()
         fail(str(exc))
     for note in plan.notes:
         click.echo(f"note: {note}", err=True)
@@ -236,13 +259,13 @@ def _run(spec: Any) -> int:
         _finish_script(spec, result.exit_code, time.time() - started)
     for note in result.notes:   # e.g. the port moved because it was taken at bind time
         click.echo(f"note: {note}", err=True)
-    # SIGTERM / SIGINT (preemption, Ctrl-C): one line and EXIT_STOPPED when the ranks
-    # stopped cleanly with a checkpoint (disttrain.resilience.preemption)
-    stopped = stop_outcome(spec.run_dir, result.signal, bool(spec.script), _resume_command(),
+    # SIGTERM / SIGINT (preemption, Ctrl-C): a typed stop (disttrain.resilience.preemption),
+    # said in one line with its kind's exit status: EXIT_STOPPED when the ranks stopped
+    # cleanly with a checkpoint
+    stopped = stop_failure(spec.run_dir, result.signal, bool(spec.script), _resume_command(),
                            since=started)
     if stopped is not None:
-        click.echo(stopped[0], err=True)
-        return stopped[1]
+        return _say_alone(stopped, result.exit_code)
     if result.exit_code != 0:
         return _report_failure(result)
     return result.exit_code
@@ -280,10 +303,17 @@ def _report_failure(result: Any) -> int:
                   if not _stopped(result.failures[r])), None)
     outcome = OUTCOMES[first.kind if first is not None else FailureKind.CRASH]
     if first is not None and first.record is not None and outcome.alone:
-        click.echo(f"error: {first.record.message}", err=True)
-    else:
-        _explain_failure(result)
+        return _say_alone(first.record, result.exit_code)
+    _explain_failure(result)
     return result.exit_code if outcome.exit_code is None else outcome.exit_code
+
+
+def _say_alone(failure: Any, job_exit_code: int) -> int:
+    """Say a failure whose message says it all (`errors.Failure`) in its kind's one line
+    and return its kind's exit status (`errors.OUTCOMES`; the job's own where it has none)."""
+    outcome = failure.outcome
+    click.echo(outcome.line(failure.message), err=True)
+    return job_exit_code if outcome.exit_code is None else outcome.exit_code
 
 
 def _stopped(failure: Any) -> bool:

@@ -1,6 +1,8 @@
 """INSIDE one rank: where it sits in the job (env), its per-process settings (process: allocator,
-threads, seeds), the process group and its device (runtime), how the model is spread (strategies:
-none | dp | ddp | fsdp, with fsdp), DDP communication hooks (comm_hooks) and how they wait for the
-all-reduce (comm_wait: poll or block), activation checkpointing (activation_ckpt), the
+threads, seeds, its own session), the process group and its device (runtime), how the model is
+spread (strategies: none | dp | ddp | fsdp, with fsdp), DDP communication hooks (comm_hooks)
+and how they wait for the all-reduce (comm_wait: poll or block), activation checkpointing
+(activation_ckpt), the
 cross-rank sync check (sync_check), which torch a job needs (torch_compat, torch-free), and
-the device mesh, tensor-parallel plans and pipeline stages (mesh, tensor_parallel, pipeline)."""
+the device mesh, tensor-parallel plans (GPT2's Conv1D ones in tp_plans) and pipeline stages
+(mesh, tensor_parallel, tp_plans, pipeline)."""

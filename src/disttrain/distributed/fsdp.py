@@ -14,7 +14,11 @@ its own unit, the root takes the rest. Sharding modes (`--fsdp-sharding`):
   fast intra-node links); with one node it is the same as full;
 - none: replicate everywhere (DDP-like), still with FSDP's checkpoints.
 
-Works with gloo on CPU (how the tests run it) and NCCL on GPUs. Checkpoints of a sharded
+Works with gloo on CPU (how the tests run it) and NCCL on GPUs; on gloo each all-gather and
+reduce-scatter returns once gloo's worker thread has let go of its tensors
+(`retire_gloo_collectives`), so a run's memory is the same every time, as on NCCL.
+`cpu_offload` keeps shards, gradients and optimizer state in host memory (FSDP2's
+CPUOffloadPolicy, `--cpu-offload`). Checkpoints of a sharded
 model (`torch.distributed.checkpoint` folders, each rank writing its own shards) are
 written by `disttrain.train.checkpoint`. `envvars.FSDP_VERSION` set to 1 forces FSDP1
 (tests use it).
@@ -133,7 +137,7 @@ def _mesh(rt: Runtime, sharding: str) -> Any:
 
 def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
               min_params: int = DEFAULT_MIN_PARAMS, reduce_dtype: torch.dtype | None = None,
-              unit_types: tuple[type, ...] | None = None) -> nn.Module:
+              unit_types: tuple[type, ...] | None = None, cpu_offload: bool = False) -> nn.Module:
     """Shard `model` (already on rt.device) over the process group.
 
     Args:
@@ -145,6 +149,9 @@ def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
             FSDP counterpart of DDP's compression hooks); None = the parameters' dtype.
         unit_types: module classes to make one FSDP unit of per instance (a transformer
             block: one all-gather per block, freed after its forward); None = by size.
+        cpu_offload: keep the shards, their gradients and the optimizer state in host
+            memory (FSDP2's CPUOffloadPolicy; pinned when the device is a GPU): the device
+            holds only the units being gathered, the optimizer steps on the CPU.
 
     Returns:
         The sharded model (FSDP2: the same object; FSDP1: a wrapper).
@@ -159,14 +166,120 @@ def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
         except ImportError:
             from torch.distributed._composable.fsdp import MixedPrecisionPolicy  # type: ignore
         mp = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+        extra: dict[str, Any] = {}
+        if cpu_offload:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            # pinning needs an accelerator: torch refuses pin_memory on a CPU-only host
+            extra["offload_policy"] = CPUOffloadPolicy(pin_memory=rt.device.type == "cuda")
         reshard = sharding != "none"
         units = ([m for m in model.modules() if isinstance(m, unit_types) and m is not model]
                  if unit_types else size_based_units(model, min_params))
         for unit in units:
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, **extra)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, **extra)
+        if rt.backend == "gloo":
+            retire_gloo_collectives(model)
         return model
+    if cpu_offload:
+        raise StrategyError("train.cpu_offload needs FSDP2 (torch >= 2.4, fully_shard); this "
+                            "run uses FSDP1: drop --cpu-offload, or unset the FSDP1 override")
     return _wrap_fsdp1(model, rt, sharding, min_params, reduce_dtype, mesh, unit_types)
+
+
+def cpu_offloaded(model: nn.Module) -> bool:
+    """True when `model` is an FSDP2 model wrapped with CPU offload (`wrap_fsdp(cpu_offload=
+    True)`). Read from FSDP2's own state (private fields, so a torch that moves them answers
+    False); on a GPU the parameters' device tells the same, on the CPU nothing else does."""
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        try:
+            group = get_state()._fsdp_param_group
+        except (AttributeError, AssertionError):
+            return False
+        if group is not None:   # a root whose parameters all sit in its units has none
+            return type(getattr(group, "offload_policy", None)).__name__ == "CPUOffloadPolicy"
+    return False
+
+
+def retire_gloo_collectives(model: nn.Module) -> bool:
+    """Make every FSDP2 unit's all-gather and reduce-scatter return only once gloo has let
+    go of the collective's tensors, so a buffer FSDP drops is freed there and then.
+
+    ProcessGroupGloo runs a collective on a worker thread that holds the work (and with it
+    the output and input tensors) until after `execute` returns, while `wait()` returns as
+    soon as the work is marked done (`ProcessGroupGloo::runLoop`: `work->execute();
+    lock.lock(); workInProgress_[i].reset();` and the loop's own reference). When the main
+    thread is faster, FSDP's `all_gather_result = None` (or the reduce-scatter input it pops)
+    no longer frees the buffer: the worker does, whenever it next gets the GIL. How many
+    units' buffers are alive at the peak then moves from run to run (measured 1.0-1.23x the
+    prompt-release figure), while NCCL releases them in `wait()` on the main thread. Here
+    each collective is issued on a fresh view of its input, whose Python object torch keeps
+    alive exactly as long as the work holds the view's TensorImpl; the call waits (GIL
+    released) until that weak reference dies, i.e. the work is destroyed. The run's memory
+    is then what FSDP itself keeps, the figure `disttrain plan` traces (docs/memory.md).
+
+    Returns:
+        True when installed; False on a torch without custom FSDP2 comms (before 2.8) or an
+        FSDP1 model, which keep the worker's timing.
+    """
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError:
+        return False
+    units = [m for m in model.modules() if hasattr(m, "set_custom_reduce_scatter")]
+    if not units:
+        return False
+
+    class RetiredAllGather(DefaultAllGather):  # type: ignore[misc, valid-type]
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                     group: Any, async_op: bool = False) -> Any:
+            import torch.distributed as dist
+
+            return _retired(lambda view: dist.all_gather_single(
+                output_tensor, view, group=group, async_op=True), input_tensor, async_op)
+
+    class RetiredReduceScatter(DefaultReduceScatter):  # type: ignore[misc, valid-type]
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                     group: Any, op: Any, async_op: bool = False) -> Any:
+            import torch.distributed as dist
+
+            return _retired(lambda view: dist.reduce_scatter_single(
+                output=output_tensor, input=view, group=group, op=op, async_op=True),
+                input_tensor, async_op)
+
+    for unit in units:
+        unit.set_custom_all_gather(RetiredAllGather())
+        unit.set_custom_reduce_scatter(RetiredReduceScatter())
+    return True
+
+
+RETIRE_WAIT_S = 10.0   # a worker that holds a finished work longer is left to free it itself
+
+
+def _retired(issue: Any, input_tensor: torch.Tensor, async_op: bool) -> Any:
+    """Issue a collective on a view of `input_tensor`; wait for it and for gloo's worker to
+    destroy the work (see `retire_gloo_collectives`). An async caller gets a finished work."""
+    import time
+    import weakref
+
+    view = input_tensor.view(input_tensor.shape)
+    alive = weakref.ref(view)
+    work = issue(view)
+    del view
+    work.wait()
+    if async_op:
+        return work   # the caller holds the work: its tensors live until it drops it
+    del work
+    deadline = time.monotonic() + RETIRE_WAIT_S
+    while alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.0001)
+    return None
 
 
 def _wrap_fsdp1(model: nn.Module, rt: Runtime, sharding: str, min_params: int,

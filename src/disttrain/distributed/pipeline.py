@@ -126,13 +126,18 @@ class PipelinedModel:
     @classmethod
     def build(cls, model: nn.Module, cuts: Sequence[str], microbatch: tuple[Any, ...],
               pp_mesh: DeviceMesh, schedule: str, microbatches: int,
-              loss_fn: Callable[[Any, Any], torch.Tensor], device: torch.device) -> PipelinedModel:
+              loss_fn: Callable[[Any, Any], torch.Tensor], device: torch.device,
+              scale_grads: bool = True) -> PipelinedModel:
         """Split `model` at `cuts` (one stage per rank of `pp_mesh`) and make the schedule.
 
         Args:
             microbatch: example positional inputs of ONE micro-batch (tracing shapes).
             loss_fn: `loss_fn(output, target) -> scalar`, run on the last stage per
                 micro-batch (the schedule averages the gradients over micro-batches).
+            scale_grads: torch divides every gradient by `microbatches` after the
+                schedule's backward; False when the loss is divided instead (the Trainer's
+                gradient accumulation: torch's division would also hit the gradients
+                accumulated by the previous step() calls of the same optimizer step).
         """
         from torch.distributed import pipelining
 
@@ -149,7 +154,8 @@ class PipelinedModel:
         index = pp_mesh.get_local_rank()
         group = pp_mesh.get_group()
         stage = pipelining.build_stage(pipe.get_stage_module(index), index, pipe.info(), device, group)
-        sched = getattr(pipelining, SCHEDULES[schedule])(stage, microbatches, loss_fn=loss_fn)
+        sched = getattr(pipelining, SCHEDULES[schedule])(stage, microbatches, loss_fn=loss_fn,
+                                                         scale_grads=scale_grads)
         return cls(stage.submod, sched, index, pp, group, tied, shapes)
 
     @property

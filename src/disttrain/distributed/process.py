@@ -1,4 +1,4 @@
-"""Per-process settings every rank makes once: allocator, threads, seeds.
+"""Per-process settings every rank makes once: allocator, threads, seeds, its own session.
 
     from disttrain.distributed.process import rank_seed, seed_everything, threads_per_rank
     seed_everything(spec.seed)                # the same on every rank: models start identical
@@ -17,6 +17,7 @@ import ctypes.util
 import os
 import random
 import sys
+from pathlib import Path
 
 from disttrain import envvars
 
@@ -46,6 +47,38 @@ def tune_allocator() -> bool:
         return bool(ok)
     except (OSError, AttributeError):
         return False
+
+
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def own_session(autogroup: Path = AUTOGROUP) -> bool:
+    """Make this rank the leader of a new session, as torchrun's agent makes every worker it
+    starts (`start_new_session=True`), when the kernel schedules by session (autogroup).
+
+    With autogroup on (Linux's default on desktops and many VMs), CPU time is shared between
+    sessions first and between threads only inside one. A plain `torchrun` job's workers
+    are each a session of their own; disttrain's, forked from the warm fork server, stayed in
+    the launcher's, where they shared one session's CPU with whatever else runs there (a
+    build, a benchmark's busy processes). Measured on the shared 2-vCPU VM (issue 21,
+    docs/performance.md "Under CPU contention"): same CPU per step as the plain loop, but
+    3-7x its time waiting in the run queue, and 0.3-0.6x its samples/s. A new session puts
+    the rank on the same footing as a torchrun worker; nothing else changes: the agent
+    still signals and reaps it by pid.
+
+    Returns:
+        True when a new session was made; False with autogroup off or unknown, off Linux,
+        or when the process already leads a group or session (e.g. torchrun's own workers).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        if autogroup.read_text().strip() != "1":
+            return False
+        os.setsid()
+    except OSError:
+        return False
+    return True
 
 
 def usable_cores() -> int:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from disttrain import envvars
 from disttrain.distributed.env import DistEnv, env_from_args, read_env
-from disttrain.distributed.process import seed_everything, threads_per_rank, tune_allocator
+from disttrain.distributed.process import own_session, seed_everything, threads_per_rank, tune_allocator
 from disttrain.errors import DistEnvError
 from disttrain.resilience.proctitle import set_rank_title
 
@@ -223,6 +223,7 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
     denv = read_env(env)
     if denv.launched:  # ps/top tell the ranks apart (resilience/proctitle.py)
         set_rank_title(denv.rank, denv.world_size)
+        own_session()    # scheduled as a torchrun worker is (process.own_session: why)
     tune_allocator()
     torch.set_num_threads(threads if threads is not None else threads_per_rank(denv.local_world_size))
     name = resolve_backend(backend, denv.local_world_size)

@@ -46,6 +46,8 @@ class WrapOptions:
     fsdp_unit_types: tuple[type, ...] | None = None
     # FSDP's counterpart of the fp16/bf16 DDP comm hooks: the dtype gradients are reduced in.
     fsdp_reduce_dtype: torch.dtype | None = None
+    # FSDP2's CPUOffloadPolicy: shards, gradients and optimizer state in host memory.
+    fsdp_cpu_offload: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,7 +130,7 @@ def _wrap_fsdp(model: nn.Module, rt: Runtime, opts: WrapOptions) -> nn.Module:
     from disttrain.distributed.fsdp import wrap_fsdp
 
     return wrap_fsdp(model, rt, opts.fsdp_sharding, opts.fsdp_min_params, opts.fsdp_reduce_dtype,
-                     unit_types=opts.fsdp_unit_types)
+                     unit_types=opts.fsdp_unit_types, cpu_offload=opts.fsdp_cpu_offload)
 
 
 def wrap(model: nn.Module, strategy: str, rt: Runtime, opts: WrapOptions | None = None) -> nn.Module:

@@ -64,6 +64,7 @@ class SyncReport:
     first_diverged: str | None = None  # the first tensor that differs on a diverged rank
     max_abs_diff: float | None = None  # its largest |difference| from the reference
     detail: str | None = None  # why no difference could be computed (shapes, names)
+    scope: str | None = None  # tp/pp: what was compared among which ranks (`check_copies_in_sync`)
 
     @property
     def in_sync(self) -> bool:
@@ -77,6 +78,8 @@ class SyncReport:
         """One line for a log: the verdict, and on a mismatch where and the usual causes."""
         noun = {"params": "parameters", "grads": "gradients",
                 "state": "parameters and buffers"}[self.what]
+        if self.in_sync and self.scope:
+            return f"{noun} in sync on all {self.world_size} ranks: {self.scope}"
         if self.in_sync:
             return (f"{noun} identical on all {self.world_size} ranks "
                     f"(sha256 {self.digests[0][:16]}...)")
@@ -91,7 +94,7 @@ class SyncReport:
         return {"what": self.what, "in_sync": self.in_sync, "digests": self.digests,
                 "reference_rank": self.reference_rank, "diverged_ranks": self.diverged_ranks,
                 "first_diverged": self.first_diverged, "max_abs_diff": self.max_abs_diff,
-                "detail": self.detail}
+                "detail": self.detail, "scope": self.scope}
 
 
 def named_tensors(model: nn.Module, what: What = "params") -> list[tuple[str, torch.Tensor | None]]:
@@ -230,3 +233,64 @@ def _max_abs_diff(t: torch.Tensor | None, meta: tuple[Any, ...], ref: int,
     dist.all_gather_object(diffs, local)
     known = [d for d in diffs if d is not None]
     return max(known) if known else None
+
+
+# -- tensor / pipeline parallel: each copy compared among the ranks that hold it ------------
+def dtensor_copies(model: nn.Module, what: What = "state") -> list[tuple[str, torch.Tensor]]:
+    """This rank's tensors keyed by which copy they are: a DTensor's local shard as
+    `name@coordinates` along the mesh dimensions it is sharded over (so ranks that differ
+    only in a replicated dimension, the data-parallel ranks, hold the same key), anything
+    replicated or plain under its name (every rank holding it must agree)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    named = (unwrap(model).state_dict().items() if what == "state"
+             else unwrap(model).named_parameters())
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, t in named:
+        if isinstance(t, DTensor):
+            coord = t.device_mesh.get_coordinate() or []
+            sharded = [f"{t.device_mesh.mesh_dim_names[i] if t.device_mesh.mesh_dim_names else i}"
+                       f"={coord[i]}" for i, p in enumerate(t.placements) if not isinstance(p, Replicate)]
+            out.append((f"{name}@{','.join(sharded)}" if sharded else name, t.to_local()))
+        else:
+            out.append((name, t))
+    return out
+
+
+def check_copies_in_sync(items: list[tuple[str, torch.Tensor]], what: What = "state") -> SyncReport:
+    """Compare each keyed tensor among the ranks that hold the same key (`dtensor_copies`;
+    a pipeline stage's parameters under their model names, a tied weight's copies on two
+    stages under one name). A key held by one rank only (a tp shard or a stage's own
+    layer when there is no data parallelism) has nothing to compare: counted, not failed.
+
+    A collective over the default group: one `all_gather_object` of {key: sha256}.
+    `digests` are per rank over its own tensors (they differ by design: different shards).
+    """
+    mine = {key: digest([("", t)]) for key, t in items}
+    own = digest(sorted(items, key=lambda kv: kv[0]))
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return SyncReport(what, [own], 0, [], scope="one rank")
+    world = dist.get_world_size()
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, (own, mine))
+    holders: dict[str, list[int]] = {}
+    for rank, (_, keys) in enumerate(everyone):
+        for key in keys:
+            holders.setdefault(key, []).append(rank)
+    diverged: set[int] = set()
+    first, ref_rank, shared = None, 0, 0
+    for key, ranks in holders.items():
+        if len(ranks) < 2:
+            continue
+        shared += 1
+        ref, bad = reference([everyone[r][1][key] for r in ranks])
+        if bad:
+            diverged.update(ranks[i] for i in bad)
+            if first is None:
+                first, ref_rank = key, ranks[ref]
+    single = len(holders) - shared
+    scope = (f"{shared} tensor(s) held by several ranks compared among their holders"
+             + (f"; {single} held by one rank only (a shard or a stage's own tensor with no "
+                f"data-parallel replica: nothing to compare)" if single else ""))
+    return SyncReport(what, [d for d, _ in everyone], ref_rank, sorted(diverged),
+                      first_diverged=first, scope=scope)

@@ -20,7 +20,9 @@ matches one level) or a callable `plan(model, tp_mesh) -> None` that parallelize
 - chargpt-shaped models (`blocks.N.qkv` fused q/k/v, `proj`, `mlp.0`/`mlp.2`): the fused
   projection is split per part (`FusedColwiseParallel`) so every rank holds whole heads;
 - Hugging Face Llama/Qwen2/Mistral decoder layers (`model.layers.N.self_attn.q_proj` ...),
-  the names of transformers' own `base_model_tp_plan`.
+  the names of transformers' own `base_model_tp_plan`;
+- Hugging Face GPT2 blocks (`transformer.h.N.attn.c_attn` ..., `Conv1D` projections):
+  `disttrain.distributed.tp_plans.gpt2_plan`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from disttrain.distributed.tp_plans import gpt2_plan
 from disttrain.errors import StrategyError
 
 __all__ = ["FusedColwiseParallel", "TPPlan", "apply_tp", "chargpt_plan", "check_heads", "dcp_view",
@@ -122,8 +125,10 @@ def tp_plan_for(model: nn.Module, own: TPPlan | None = None) -> TPPlan:
         return chargpt_plan
     if _has(model, "model.layers.*.self_attn.q_proj"):
         return llama_plan()
+    if _has(model, "transformer.h.*.attn.c_attn") or _has(model, "h.*.attn.c_attn"):
+        return gpt2_plan
     raise StrategyError(f"tensor parallel: no built-in plan fits {type(model).__name__} (known: "
-                    f"chargpt blocks, Hugging Face Llama/Qwen2/Mistral layers); give the task a "
+                    f"chargpt blocks, Hugging Face Llama/Qwen2/Mistral/GPT2 layers); give the task a "
                     f"tp_plan: {{'module.path': ColwiseParallel(), ...}} or a function "
                     f"(model, tp_mesh) -> None (docs/strategies.md)")
 

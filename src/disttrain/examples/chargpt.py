@@ -127,11 +127,16 @@ def _init(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
+def lm_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-character cross-entropy of logits against targets (nats per character).
+    The task's loss_fn, so that pipeline parallel can run it on the last stage alone."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
 def lm_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Mean next-character cross-entropy of a batch of windows (nats per character)."""
     x, y = batch
-    logits = model(x)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    return lm_loss(model(x), y)
 
 
 # -- the task ---------------------------------------------------------------------------------
@@ -159,5 +164,5 @@ def make_task(block: int = 64, layers: int = 3, width: int = 96, heads: int = 4,
     held_out = CharWindows(codes[cut:], block, block)
     return TrainTask(
         model=lambda: CharGPT(len(vocab), block, layers, width, heads, dropout),
-        train_data=train, eval_data=held_out, step_fn=lm_step,
+        train_data=train, eval_data=held_out, loss_fn=lm_loss,
         fsdp_block=Block, name="chargpt")

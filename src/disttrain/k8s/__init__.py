@@ -4,7 +4,11 @@ or on emulated hosts.
     render.py    spec -> objects, pure (no `kubernetes` import), with code.py (ConfigMap),
                  hami.py (vGPU resources), security.py (PSS), output.py (YAML/JSON)
     labels.py    the label / annotation keys render writes and client reads back
-    client.py    apply / status / logs / delete (the only importer of `kubernetes`)
+    client.py    apply / status / logs / delete: the verbs (`Cluster`), over
+      api.py         the raw calls on dict objects (the only importer of `kubernetes`),
+      objects.py     object names, render hashes, which objects are disttrain's,
+      pod_status.py  what a pod's object says (rank, phase, GPUs, why Pending),
+      kubeconfig.py  which kubeconfig (KUBECONFIG, ~/.kube/config, K3s's file)
     local.py     run-local: the rendered pods in network namespaces
     logtee.py    print pods' log lines, keep each pod's tail (client and local)
     workloads.py the multi-pod kinds: Indexed Job + Service, PyTorchJob, JobSet, TrainJob
@@ -15,6 +19,7 @@ or on emulated hosts.
     script_files.py  the files a shipped script reads and writes beside itself
     output_place.py  is train.output_dir somewhere that outlives the pod
     stopping.py  how a rendered pod stops when the cluster stops it (exit 75, resumable)
+    mesh_layout.py   the parallelism mesh on pods x processes (tp within a pod, pp across)
     local_pods.py    the pods a cluster would create, as run-local runs them, over
     netns.py     the emulated hosts (network namespaces on one bridge)
 

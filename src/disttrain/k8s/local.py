@@ -11,7 +11,8 @@ Volumes are local folders (a PVC is one folder shared by all pods, a ConfigMap f
 written where it is mounted). A failed pod is re-created as its workload's controller
 would (`backoff_limit`: a Job's backoffLimit), and a pod killed by SIGKILL as a whole is
 reported as a lost host with its ranks (from RUN_DIR/ranks.json; docs/resilience.md,
-"Hosts lost and partitions"). Everything is removed afterwards, also on failure, Ctrl-C
+"Hosts lost and partitions"), typed there (`errors.FailureKind.LOST_HOST`: its exit status
+comes from `errors.OUTCOMES`). Everything is removed afterwards, also on failure, Ctrl-C
 or SIGTERM.
 """
 
@@ -35,7 +36,7 @@ from typing import Any
 import yaml
 
 from disttrain import envvars
-from disttrain.errors import LocalRunError
+from disttrain.errors import OUTCOMES, Failure, FailureKind, LocalRunError
 from disttrain.k8s.code import SPEC_PATH
 from disttrain.k8s.local_pods import LocalPod, expand, local_pods
 from disttrain.k8s.logtee import tee_tail
@@ -55,14 +56,19 @@ class LocalResult:
     exit_codes: dict[str, int]
     logs: dict[str, str] = field(default_factory=dict)
     timed_out: bool = False
-    lost: dict[str, str] = field(default_factory=dict)  # pod -> `lost_host_line`
+    # pod -> its lost host, typed where the SIGKILL is seen (`lost_host`): not re-created
+    lost: dict[str, Failure] = field(default_factory=dict)
     verdict: str | None = None  # k of N ranks arrived; missing: pod X (...) (k8s/pending.py)
 
     @property
     def exit_code(self) -> int:
+        """124 after --timeout; a lost host's kind's status (`errors.OUTCOMES`); else the
+        first failed pod's."""
         if self.timed_out:
             return 124
-        return next((c for c in self.exit_codes.values() if c != 0), 0)
+        failed = next((c for c in self.exit_codes.values() if c != 0), 0)
+        code = OUTCOMES[FailureKind.LOST_HOST].exit_code
+        return code if failed and self.lost and code is not None else failed
 
     @property
     def failed(self) -> list[str]:
@@ -265,6 +271,11 @@ def backoff_limit(objects: list[dict[str, Any]]) -> int:
     return 0
 
 
+def lost_host(pod: LocalPod, run_dir: Path | None) -> Failure:
+    """A pod killed by SIGKILL as a whole, typed as the lost host it stands for."""
+    return Failure(FailureKind.LOST_HOST, lost_host_line(pod, run_dir), error="SIGKILL")
+
+
 def lost_host_line(pod: LocalPod, run_dir: Path | None) -> str:
     """What a pod killed by SIGKILL took with it: its host and (from ranks.json) ranks."""
     from disttrain.resilience.ranks import ranks_on, read_ranks
@@ -334,10 +345,10 @@ def _supervise(plans: list[tuple[LocalPod, dict[str, str]]], netns: dict[str, st
                     continue
                 lost = code == -signal.SIGKILL
                 if lost:
-                    result.lost[pod.name] = lost_host_line(pod, run_dir)
+                    result.lost[pod.name] = lost_host(pod, run_dir)
                 if failures < backoff:
                     failures += 1
-                    why = (result.lost.pop(pod.name) if lost else
+                    why = (result.lost.pop(pod.name).message if lost else
                            f"pod {pod.name} failed (exit code {_code(pods.procs[pod.name])})")
                     out(f"[run-local] {why}; re-creating it ({failures} of backoffLimit {backoff})")
                     pods.start(pod, mapping)

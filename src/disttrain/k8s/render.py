@@ -41,6 +41,7 @@ from disttrain.k8s.labels import (
     RESERVED_PREFIXES,
     pod_name_hosts,
 )
+from disttrain.k8s.mesh_layout import ANNOTATION_MESH, mesh_layout
 from disttrain.k8s.output import to_json, to_yaml
 from disttrain.k8s.output_place import output_dir_warning
 from disttrain.k8s.security import baseline_violations, container_security, pod_security
@@ -139,6 +140,9 @@ class _Renderer:
                             f"REGISTRY/NAME:TAG (the guide's is 117.50.188.237:30000/pytorch/"
                             f"pytorch:2.1.0-cuda12.1-cudnn8-runtime)")
         hami.check_processes(self.nproc, c, self.spec.launch.backend)
+        # tp within a pod, pp across pods (k8s/mesh_layout.py); None for plain data parallel
+        self.mesh = mesh_layout(self.spec, self.nproc)
+        self.warnings += self.mesh.warnings if self.mesh is not None else []
         if c.kind == "pod" and n > 1:
             raise SpecError(f"launch.nnodes: kind pod runs one node but nnodes is {n}; use "
                             f"--kind job (Indexed Job + Service) or --kind pytorchjob")
@@ -217,6 +221,8 @@ class _Renderer:
 
     def _pod_meta(self) -> dict[str, Any]:
         notes = {ANNOTATION_IMAGE: self._image_needs(), **hami.hami_annotations(self.c)}
+        if self.mesh is not None:
+            notes[ANNOTATION_MESH] = self.mesh.describe()
         if self.code.needs_configmap:
             # new code = new pod: files mounted with subPath never change in a running pod
             data = json.dumps(configmap_data(self.code), sort_keys=True).encode()

@@ -3,6 +3,7 @@
     prewarm_workers({"ref": "disttrain.examples.digits:make_task", "args": {}})   # early in
                                                   # `disttrain run`, before torch
     method = worker_start_method()                # "forkserver" (warm) or "spawn"
+    stop_prewarmed()                              # the job was refused before its launch
 
 multiprocessing's fork server is started with `disttrain.launch.forkserver_preload` as
 its preload, so it imports torch (and the built-in job's modules) on one core while the
@@ -52,3 +53,21 @@ def worker_start_method() -> str:
     """The start method for local workers: "forkserver" once the warm server runs (it is
     started here if it is not yet), "spawn" where there are no fork servers."""
     return "forkserver" if prewarm_workers() else "spawn"
+
+
+def stop_prewarmed() -> None:
+    """Kill the warm fork server now: for a job refused after `prewarm_workers` (bad input,
+    a taken port). Left alone it would spend seconds of a core finishing its imports of
+    torch and the task before it saw that its launcher had gone."""
+    import contextlib
+    import multiprocessing.forkserver as forkserver
+    import signal
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        server._stop()   # reaps it, closes the pipe, removes its socket file

@@ -420,7 +420,8 @@ def launch_function(spec: JobSpec, entry: Callable[..., Any], *args: Any) -> Lau
     result.notes[:0] = plan.notes
     if result.signal and not result.failures:  # SIGTERM / Ctrl-C: no values; say why, as a failure
         name = signal.Signals(result.signal).name
-        result.failures = {0: RankFailure(f"stopped by {name}", exitcode=result.exit_code)}
+        result.failures = {0: RankFailure(f"stopped by {name}", exitcode=result.exit_code,
+                                          kind=FailureKind.INTERRUPTED)}
     return result
 
 
@@ -457,7 +458,8 @@ def _watchdog(spec: JobSpec, nproc: int) -> Iterator[Any]:
 
 def _add_stalls(result: LaunchResult, stalls: Sequence[Any]) -> None:
     """Fold the watchdog's findings into `result`: they name the cause, so they lead the
-    log text; a failed job's stalled ranks failed too (the watchdog killed them)."""
+    log text; a failed job's stalled ranks failed too (the watchdog killed them), with the
+    kind the watchdog saw (`Stall.kind`: a stall, or a lost host)."""
     if not stalls:
         return
     result.stalls = [s.message for s in stalls]
@@ -467,5 +469,5 @@ def _add_stalls(result: LaunchResult, stalls: Sequence[Any]) -> None:
             for rank, pid in ((stall.rank, stall.pid), *stall.tied):
                 known = result.failures.get(rank)   # torch's record of the kill: the stall is why
                 result.failures[rank] = RankFailure(
-                    stall.message, exitcode=-9, host=stall.host, pid=pid, kind=FailureKind.STALL
-                ) if known is None else replace(known, kind=FailureKind.STALL)
+                    stall.message, exitcode=-9, host=stall.host, pid=pid, kind=stall.kind
+                ) if known is None else replace(known, kind=stall.kind)

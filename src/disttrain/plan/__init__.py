@@ -6,8 +6,9 @@
 
 `job` (the plan of a job), `trace` (fake-tensor trace of two steps), `slice` (tensor peak ->
 gpumem), `fit` (knobs that would make it fit), `gate` (the check k8s render and
-apply make), `text` (the printed plan), `feedback` (what a finished run really used, and
-the slice for next time). docs/memory.md.
+apply make), `mesh_fit` (tp divides the heads, pp <= the blocks, before launch), `text`
+(the printed plan), `feedback` (what a finished run really used, and the slice for next
+time). docs/memory.md.
 """
 
 from disttrain.plan.job import MemoryPlan, knobs_of, plan_job, plan_task

@@ -7,9 +7,10 @@ Each knob has a cost (what the job gives up for the memory): bf16 autocast is ne
 and usually faster; FSDP over the job's own ranks adds an all-gather per unit; activation
 checkpointing recomputes the forward (~1/3 more compute); a smaller per-rank batch with
 more accumulation keeps the global batch (and the LR scaling) but runs more, smaller
-steps; SGD instead of Adam changes the training itself, so it is tried last. Combinations
-are traced in order of total cost and the first that fits is the answer. CPU offload of
-the optimizer state is not among them: the run has no such switch yet (docs/memory.md).
+steps; CPU offload (FSDP2's CPUOffloadPolicy: shards, gradients and optimizer state in
+host memory, the optimizer stepping on the CPU) moves every step's state over PCIe; SGD
+instead of Adam changes the training itself, so it is tried last. Combinations are traced
+in order of total cost and the first that fits is the answer.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ KNOBS = (
     Knob("half-batch", 4, lambda k: k.batch_size >= 2,
          lambda k: k.replace(batch_size=k.batch_size // 2, grad_accum=k.grad_accum * 2),
          lambda k: ["--batch-size", str(k.batch_size), "--grad-accum", str(k.grad_accum)]),
+    # needs FSDP: on a ddp job it brings `--strategy fsdp` with it (`combinations` drops the
+    # repeated flag when the fsdp knob is in the same combination)
+    Knob("cpu-offload", 5, lambda k: not k.cpu_offload and (
+        k.strategy == "fsdp" or (k.strategy in ("ddp", "none") and k.world_size > 1)),
+         lambda k: k.replace(strategy="fsdp", cpu_offload=True),
+         lambda k: ["--strategy", "fsdp", "--cpu-offload"]),
     Knob("sgd", 6, lambda k: k.optimizer == "adam",
          lambda k: k.replace(optimizer="sgd"), lambda k: ["--optimizer", "sgd"]),
 )
@@ -73,12 +80,36 @@ def combinations(knobs: Knobs) -> Iterator[tuple[Knobs, list[str]]]:
     usable = [k for k in KNOBS if k.applies(knobs)]
     combos = [c for n in range(1, len(usable) + 1) for c in itertools.combinations(usable, n)]
     combos.sort(key=lambda c: (sum(k.cost for k in c), len(c)))
+    seen: set[Knobs] = set()
     for combo in combos:
         changed = knobs
         for k in combo:
             changed = k.change(changed)
-        flags = [f for k in combo for f in k.flags(changed)]
+        if changed in seen:   # cpu-offload brings fsdp: {fsdp, cpu-offload} is {cpu-offload}
+            continue
+        seen.add(changed)
+        flags: list[str] = []
+        for k in combo:
+            for pair in _pairs(k.flags(changed)):
+                redundant = pair[0] == "--strategy" and knobs.strategy == "fsdp"
+                if not redundant and not _has(flags, pair):
+                    flags += pair
         yield changed, flags
+
+
+def _pairs(flags: list[str]) -> list[list[str]]:
+    """A knob's flags as [flag] or [flag, value] groups."""
+    out: list[list[str]] = []
+    for f in flags:
+        if f.startswith("--") or not out:
+            out.append([f])
+        else:
+            out[-1].append(f)
+    return out
+
+
+def _has(flags: list[str], pair: list[str]) -> bool:
+    return any(flags[i:i + len(pair)] == pair for i in range(len(flags)))
 
 
 def search_fit(task: TrainTask, knobs: Knobs, gpumem: int | None, procs: int,

@@ -89,7 +89,8 @@ def knobs_of(spec: Any) -> Knobs:
     return Knobs(strategy=strategy, world_size=world, local_world_size=nproc,
                  precision=cfg.precision, grad_ckpt=cfg.grad_ckpt, batch_size=cfg.batch_size,
                  grad_accum=cfg.grad_accum, optimizer=cfg.optimizer,
-                 fsdp_sharding=cfg.fsdp_sharding)
+                 fsdp_sharding=cfg.fsdp_sharding,
+                 cpu_offload=getattr(cfg, "cpu_offload", False) and strategy == "fsdp")
 
 
 def task_of(spec: Any) -> TrainTask:
@@ -156,6 +157,9 @@ def plan_task(task: TrainTask, knobs: Knobs, gpumem: int | None = None, procs: i
                       host=host_needs(tensors, knobs, procs, num_workers, shm, memory_limit))
     plan.notes.append("traced on the CPU: CUDA kernels (SDPA backend, cuDNN workspaces) and "
                       "CUDA autocast op lists can differ; the allocator factor covers rounding")
+    if knobs.cpu_offload:
+        plan.notes.append("CPU offload: the rank's shards, gradients and optimizer state are "
+                          "counted in host memory, not in the slice (host.offload_mib)")
     if knobs.strategy == "ddp":
         plan.notes.append("DDP traced as its bare module with gradients kept between steps "
                           "(gradient_as_bucket_view: the buckets are the gradients)")
@@ -169,15 +173,19 @@ def plan_task(task: TrainTask, knobs: Knobs, gpumem: int | None = None, procs: i
 def host_needs(tensors: TensorPeak, knobs: Knobs, procs: int, num_workers: int,
                shm: str | None, memory_limit: str | None) -> dict[str, Any]:
     """Host memory per pod: each local rank's process and a full copy of its model while
-    it is built (weights are made on the CPU, then moved), its DataLoader workers; and the
-    /dev/shm its workers pass batches through, against the pod's limits."""
+    it is built (weights are made on the CPU, then moved), what CPU offload keeps there for
+    the whole run (the rank's shards, gradients and optimizer state), its DataLoader
+    workers; and the /dev/shm its workers pass batches through, against the pod's limits."""
     from disttrain.spec.fields import parse_quantity
 
     model_mib = tensors.largest["parameters"] * (knobs.world_size if knobs.strategy == "fsdp"
                                                  else 1) / MIB
-    per_rank = PROCESS_BASE_MIB + model_mib + num_workers * WORKER_BASE_MIB
+    offload_mib = tensors.host_bytes / MIB
+    per_rank = PROCESS_BASE_MIB + model_mib + offload_mib + num_workers * WORKER_BASE_MIB
     need = int(per_rank * knobs.local_world_size)
     out: dict[str, Any] = {"memory_mib": need, "per_rank_mib": int(per_rank)}
+    if offload_mib:
+        out["offload_mib"] = round(offload_mib, 1)
     limit = float(parse_quantity(memory_limit)) if memory_limit else None
     if limit is not None:
         out["memory_limit_mib"] = int(limit / MIB)

@@ -20,11 +20,16 @@ def format_plan(plan: MemoryPlan) -> str:
            else "rank 0, the busiest: FSDP's padded shards are on the first ranks")
     lines = [f"memory plan: {k.strategy} over {k.world_size} rank(s), {k.precision}, "
              f"batch {k.batch_size}/rank, {k.optimizer}"
-             f"{', activation checkpointing' if k.grad_ckpt else ''} ({who})",
+             f"{', activation checkpointing' if k.grad_ckpt else ''}"
+             f"{', CPU offload' if k.cpu_offload else ''} ({who})",
              "  per rank (the most each held at any point of two steps):"]
     for name in ("parameters", "gradients", "optimizer", "activations", "temporaries"):
         lines.append(f"    {name:<12} {mib(t.largest[name]):>14}   at the peak {mib(t.at_peak[name])}")
-    lines.append(f"  tensor peak  {mib(t.peak_bytes)} in {t.phase}")
+    lines.append(f"  tensor peak  {mib(t.peak_bytes)} in {t.phase}"
+                 f"{' on the device' if k.cpu_offload else ''}")
+    if k.cpu_offload:
+        lines.append(f"  in host memory (CPU offload: shards, gradients, optimizer state): "
+                     f"{mib(t.host_bytes)} per rank")
     if t.modules:
         mods = ", ".join(f"{m} {mib(b)}" for m, b in t.modules)
         lines.append(f"  largest modules (activations they keep): {mods}")

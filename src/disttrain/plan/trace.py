@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from disttrain.train.memory import OFFLOADED, on_host, peak_only
 from disttrain.train.task import TaskError, TrainTask
 
 # The tracker's categories (MemTracker and FSDPMemTracker names) -> the plan's.
@@ -60,6 +61,7 @@ class Knobs:
     grad_accum: int = 1
     optimizer: str = "adam"
     fsdp_sharding: str = "full"
+    cpu_offload: bool = False      # FSDP2's CPUOffloadPolicy (fsdp only)
 
     def replace(self, **changes: Any) -> Knobs:
         return dataclasses.replace(self, **changes)
@@ -76,19 +78,21 @@ class TensorPeak:
     modules: list[tuple[str, int]] = field(default_factory=list)   # (name, activation bytes)
     phase_peaks: dict[str, int] = field(default_factory=dict)     # phase -> peak bytes
     phase_optimizer: dict[str, int] = field(default_factory=dict)  # phase -> optimizer bytes at its peak
+    host_bytes: int = 0                # CPU offload: the most the rank kept in host memory
 
     def as_dict(self) -> dict[str, Any]:
         return {"peak_bytes": self.peak_bytes, "phase": self.phase, "at_peak": self.at_peak,
                 "largest": self.largest, "modules": [list(m) for m in self.modules],
-                "phase_peaks": self.phase_peaks}
+                "phase_peaks": self.phase_peaks, "host_bytes": self.host_bytes}
 
 
-def fold(snapshot: dict[Any, int]) -> dict[str, int]:
-    """A tracker snapshot of one device folded into the plan's categories."""
+def fold(snapshot: dict[Any, int], skip: frozenset[str] = frozenset()) -> dict[str, int]:
+    """A tracker snapshot of one device folded into the plan's categories (less the
+    tracker categories in `skip`)."""
     out = dict.fromkeys(CATEGORIES, 0)
     for key, value in snapshot.items():
         name = getattr(key, "value", key)
-        if name in CATEGORY:
+        if name in CATEGORY and name not in skip:
             out[CATEGORY[name]] += int(value)
     return out
 
@@ -129,8 +133,11 @@ def fake_runtime(knobs: Knobs) -> Any:
 
 
 def first_batch(task: TrainTask, batch_size: int, world_size: int) -> Any:
-    """One real batch of rank 0's shape, read through the run's own loader (the task's
-    dataset and collate_fn), with no worker processes."""
+    """One batch of rank 0's shape: the task's `example_batch(batch_size)` when it declares
+    one, else read through the run's own loader (the task's dataset and collate_fn), with
+    no worker processes."""
+    if task.example_batch is not None:
+        return _declared_batch(task, batch_size)
     from disttrain.distributed.env import DistEnv
     from disttrain.distributed.runtime import Runtime
     from disttrain.spec.job import TrainSpec
@@ -144,6 +151,27 @@ def first_batch(task: TrainTask, batch_size: int, world_size: int) -> Any:
         return next(iter(loader))
     except StopIteration:
         raise TaskError("the task's train_data gave no batch to plan with") from None
+    except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise TaskError(f"reading one batch of the task's train_data to plan with failed "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); where the data cannot be "
+                        f"read here, give the TrainTask example_batch=fn(batch_size) -> one "
+                        f"batch of that shape") from None
+
+
+def _declared_batch(task: TrainTask, batch_size: int) -> Any:
+    """The task's `example_batch(batch_size)`, checked to hold a tensor."""
+    from torch.utils._pytree import tree_flatten
+
+    try:
+        batch = task.example_batch(batch_size)   # type: ignore[misc]
+    except Exception as exc:   # the user's function: say which and why
+        raise TaskError(f"the task's example_batch({batch_size}) raised "
+                        f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    if not any(isinstance(t, torch.Tensor) for t in tree_flatten(batch)[0]):
+        raise TaskError(f"the task's example_batch({batch_size}) returned "
+                        f"{type(batch).__name__} with no tensor in it: return one batch as "
+                        f"the loader would (tensors of the per-rank batch's shape)")
+    return batch
 
 
 def fake_batch(batch: Any, mode: Any) -> Any:
@@ -220,7 +248,8 @@ def _wrap(task: TrainTask, knobs: Knobs, model: nn.Module) -> nn.Module:
         return model
     blocks = task.fsdp_block if isinstance(task.fsdp_block, tuple) else (
         (task.fsdp_block,) if task.fsdp_block is not None else None)
-    opts = WrapOptions(fsdp_sharding=knobs.fsdp_sharding, fsdp_unit_types=blocks)
+    opts = WrapOptions(fsdp_sharding=knobs.fsdp_sharding, fsdp_unit_types=blocks,
+                       fsdp_cpu_offload=knobs.cpu_offload)
     # `strategies.wrap` minus its `.to(device)`: the model is on the (fake) CPU already,
     # and moving fake parameters would swap them (see `materialize`).
     return STRATEGIES["fsdp"](model, fake_runtime(knobs), opts)
@@ -229,29 +258,33 @@ def _wrap(task: TrainTask, knobs: Knobs, model: nn.Module) -> nn.Module:
 def _trace(task: TrainTask, knobs: Knobs, model: nn.Module, batch: Any) -> TensorPeak:
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from disttrain.train.frozen_tracking import frozen_aware
     from disttrain.train.optim import build_optimizer
     from disttrain.train.precision import Precision
     from disttrain.train.steps import run_step
 
     model = _wrap(task, knobs, model)
     model.train()
-    optimizer = (task.optimizer(model.parameters(), 1e-3) if task.optimizer is not None
-                 else build_optimizer(knobs.optimizer, model.parameters(), 1e-3))
+    trainable = [p for p in model.parameters() if p.requires_grad]   # as train/build.py
+    optimizer = (task.optimizer(trainable, 1e-3) if task.optimizer is not None
+                 else build_optimizer(knobs.optimizer, trainable, 1e-3))
     precision = Precision.create(knobs.precision, torch.device("cpu"),
                                  sharded=knobs.strategy == "fsdp")
+    host = OFFLOADED if knobs.cpu_offload and knobs.strategy == "fsdp" else frozenset()
     if knobs.strategy == "fsdp":
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-        tracker: Any = lean(FSDPMemTracker)(model, optimizer)
+        tracker: Any = lean(FSDPMemTracker, host)(model, optimizer)
     else:
-        tracker = lean(MemTracker)()
+        # frozen parameters (a LoRA base) are held, never given a gradient: train/frozen_tracking.py
+        tracker = lean(frozen_aware(MemTracker))()
     if knobs.strategy == "fsdp":
         _warm_sharding_cache(task, model, optimizer, precision, batch)
     tracker.track_external(model, optimizer, *_tensors(batch))
     # Under DDP the gradients are its buckets' views and are zeroed in place; elsewhere
     # the Trainer frees them (set_to_none), as here.
     keep_grads = knobs.strategy == "ddp"
-    phases = _PhasePeaks(tracker)
+    phases = _PhasePeaks(tracker, host)
     with tracker:
         for step in (1, 2):
             tracker.reset_mod_stats()   # the trackers refuse a second root forward otherwise
@@ -289,23 +322,10 @@ def _warm_sharding_cache(task: TrainTask, model: nn.Module, optimizer: Any, prec
     optimizer.state.clear()
 
 
-def lean(tracker_class: type) -> type:
-    """The tracker without its per-module peaks, which the plan does not read.
-
-    After every op MemTracker compares the memory with the peak of every module it has
-    seen (`_update_peak_stats` walks all of `memory_tracking`): ops x modules, minutes for
-    a 28-layer decoder. The global peak, the only one the plan uses, is kept as torch
-    keeps it; the per-module snapshots before and after each forward stay."""
-
-    class Lean(tracker_class):  # type: ignore[misc, valid-type]
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            for dev, dev_snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
-                    self._peak_mem[dev] = dev_snap["Total"]
-                    self._peak_mem_snap[dev] = dict(dev_snap)
-
-    Lean.__name__ = f"Lean{tracker_class.__name__}"
-    return Lean
+def lean(tracker_class: type, host: frozenset[str] = frozenset()) -> type:
+    """The tracker without its per-module peaks, which the plan does not read, and with the
+    device's peak when `host` names offloaded categories (`train.memory.peak_only`)."""
+    return peak_only(tracker_class, host)
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
@@ -319,29 +339,34 @@ class _PhasePeaks:
     keeps one running peak; it is read and restarted from the current memory at each
     phase's end (private fields of `_tools`, which has no public reset of the peak)."""
 
-    def __init__(self, tracker: Any) -> None:
+    def __init__(self, tracker: Any, host: frozenset[str] = frozenset()) -> None:
         self.tracker = tracker
+        self.host = host              # tracker categories held in host memory (CPU offload)
+        self.host_bytes = 0
         self.peaks: dict[str, tuple[int, dict[str, int]]] = {}
         self.largest = dict.fromkeys(CATEGORIES, 0)
 
     def end(self, phase: str) -> None:
         peak = device_snapshot(self.tracker, "peak")
-        self.peaks[phase] = (total_of(peak), fold(peak))
+        self.peaks[phase] = (total_of(peak), fold(peak, self.host))
         current = device_snapshot(self.tracker, "current")
         for snap in (peak, current):
+            self.host_bytes = max(self.host_bytes, on_host(snap, self.host))
             for name, value in fold(snap).items():
                 self.largest[name] = max(self.largest[name], value)
         if hasattr(self.tracker, "_peak_mem") and current:
             dev = next(iter(self.tracker.get_tracker_snapshot("current")))
-            self.tracker._peak_mem[dev] = total_of(current)
-            self.tracker._peak_mem_snap[dev] = dict(current)
+            total = total_of(current) - on_host(current, self.host)
+            self.tracker._peak_mem[dev] = total
+            self.tracker._peak_mem_snap[dev] = {**current, "Total": total}
 
     def result(self, modules: list[tuple[str, int]]) -> TensorPeak:
         phase, (peak, at_peak) = max(self.peaks.items(), key=lambda kv: kv[1][0])
         return TensorPeak(peak_bytes=peak, phase=phase, at_peak=at_peak, largest=self.largest,
                           modules=modules,
                           phase_peaks={p: v[0] for p, v in self.peaks.items()},
-                          phase_optimizer={p: v[1]["optimizer"] for p, v in self.peaks.items()})
+                          phase_optimizer={p: v[1]["optimizer"] for p, v in self.peaks.items()},
+                          host_bytes=self.host_bytes)
 
 
 def _largest_modules(tracker: Any) -> list[tuple[str, int]]:

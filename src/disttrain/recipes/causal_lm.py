@@ -11,13 +11,15 @@ What the recipe adds (docs/finetune.md):
 
 - `model`: a directory in Hugging Face layout (config.json, *.safetensors, tokenizer files),
   as ModelScope and the HF mirror download them; never the network (HF_HUB_OFFLINE=1);
-- the weights are read once, by rank 0, and sent to the others (`recipes/load_once.py`);
+- the weights are read once per node under DDP (local rank 0, sent within the node), once
+  per job under FSDP2 (rank 0, each rank keeps its shard) (`recipes/load_once.py`);
 - `data`: .txt / .jsonl / a folder of them, tokenized once per node into a cache and cut
   into windows of `seq_len` tokens (`recipes/text_data.py`);
 - `lora`: false (full fine-tuning) or {r, alpha, dropout, target_modules} (peft; target
   modules default to peft's table per architecture); only the adapter is trained, so the
   frozen base is neither all-reduced (DDP reduces parameters that need a gradient) nor in
-  the optimizer state (the optimizer gets the trainable parameters only);
+  the optimizer state (the optimizer gets the trainable parameters only), nor in the
+  checkpoints (`save_frozen=False`: the adapter, its optimizer state and the position);
 - at the end the model is written to `train.output_dir` in Hugging Face format
   (`recipes/hf_save.py`) and summary.json's `eval` gets `perplexity`.
 """
@@ -208,6 +210,9 @@ def make_task(model: str, data: str, seq_len: int = 512, packing: bool = True,
         step_fn=causal_lm_step, metrics={"token_nll": token_nll},
         fsdp_block=_block_classes(model_dir), name=f"finetune-{model_dir.name}",
         load_weights=pretrained.load, on_end=on_end,
+        # LoRA: the base comes back from `model` at every start, so checkpoints hold the
+        # adapter, its optimizer state and the position only (train/ckpt_trainable.py)
+        save_frozen=settings is None,
     )
 
 

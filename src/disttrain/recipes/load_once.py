@@ -2,17 +2,20 @@
 
     pretrained = Pretrained(model_dir, dtype=torch.float32, lora=LoraSettings(r=8))
     model = pretrained.build()            # every rank: parameters on the meta device
-    model = pretrained.load(model, rt, strategy, wrap)   # rank 0 reads, the others receive
+    model = pretrained.load(model, rt, strategy, wrap)   # one rank per node reads, the others receive
 
 Why: every torchrun rank calling `from_pretrained` holds its own copy of the weights in
 host memory, so a 2-GPU pod needs twice the model in RAM before training starts and is
 OOM-killed (pytorch#122582; `low_cpu_mem_usage` alone does not help). Here every rank
 builds the model's structure on the meta device (no memory; real buffers, which the
-model computes itself: rotary frequencies), and only rank 0 reads the safetensors files,
+model computes itself: rotary frequencies), and one rank reads the safetensors files,
 a bounded chunk at a time (`CHUNK_BYTES`):
 
-- ddp / none: each rank allocates its parameters on its device (`to_empty`), rank 0
-  copies the chunk in, and every parameter and buffer is broadcast from rank 0;
+- ddp / none: each rank allocates its parameters on its device (`to_empty`), local rank 0
+  of each node reads the node's own copy of the files and copies the chunks in, and every
+  parameter and buffer is broadcast from it to its node's ranks only (`node_group`: one
+  process group per node), so no weight crosses the network between nodes (DDP's own
+  start-up broadcast is turned off, `init_sync=False`, after `check_nodes_agree`);
 - fsdp (FSDP2): the meta model is sharded first (`fully_shard`), then `to_empty` gives each
   rank its shard only, and `set_model_state_dict(..., full_state_dict=True,
   broadcast_from_rank0=True)` (torch.distributed.checkpoint.state_dict; pytorch#125339)
@@ -20,7 +23,8 @@ a bounded chunk at a time (`CHUNK_BYTES`):
   shard plus one chunk.
 
 LoRA adapters (peft) are added on the meta model; their starting values (peft's own init:
-A like nn.Linear, B zero) are made on rank 0 and sent with the base weights. FSDP1 is
+A like nn.Linear, B zero) are made by the reading rank, from the RNG state every rank
+shares (the same on every node), and sent with the base weights. FSDP1 is
 refused for LoRA: it flattens frozen and trainable parameters into one FlatParameter
 ("FlatParameter requires uniform requires_grad", pytorch#100945).
 """
@@ -204,8 +208,11 @@ class Pretrained:
              wrap: Callable[[nn.Module], nn.Module]) -> nn.Module:
         """Give `model` (from build, on meta) rank 0's values and wrap it for `strategy`."""
         self._check_complete(model)
-        if self.lora is not None and rt.is_rank0:   # before wrap: plain tensors, on CPU
-            with torch.random.fork_rng(devices=[]):  # rank 0's RNG stays the others' twin
+        # DDP: local rank 0 of each node reads (from the node's own /models) and sends within
+        # the node; FSDP: rank 0 of the job, whose shards go to every rank anyway.
+        group, reader = (None, 0) if strategy == "fsdp" else node_group(rt)
+        if self.lora is not None and rt.rank == reader:   # before wrap: plain tensors, on CPU
+            with torch.random.fork_rng(devices=[]):  # the reader's RNG stays the others' twin
                 self.lora_start = self._lora_start(model)
         if strategy == "fsdp":
             from disttrain.distributed.fsdp import fsdp_version
@@ -224,7 +231,7 @@ class Pretrained:
         model.to_empty(device=rt.device)
         _restore_buffers(model, buffers, rt.device)
         self.hf_model.tie_weights()
-        if rt.is_rank0:
+        if rt.rank == reader:
             with torch.no_grad():
                 params = dict(_named_tensors(model))
                 for chunk in self._chunks(model):
@@ -233,8 +240,12 @@ class Pretrained:
         if rt.distributed and rt.world_size > 1:
             with torch.no_grad():
                 for _, tensor in _named_tensors(model):
-                    dist.broadcast(tensor, src=0)
-        return wrap(model)
+                    dist.broadcast(tensor, src=reader, group=group)
+        if group is None:
+            return wrap(model)
+        check_nodes_agree(model, self.model_dir)
+        # DDP's start-up sync would broadcast every weight from rank 0 over the network again
+        return wrap(model, init_sync=False)
 
     # -- rank 0's reading ---------------------------------------------------------------------
     def _chunks(self, model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
@@ -304,6 +315,55 @@ class Pretrained:
             raise TaskError(f"model: {len(missing)} weight(s) of the model built from "
                             f"{self.model_dir / 'config.json'} are not in its checkpoint files, e.g. "
                             f"{', '.join(missing[:3])}; is the directory complete?")
+
+
+def node_group(rt: Runtime) -> tuple[Any, int]:
+    """(this node's process group, the global rank of its local rank 0, which reads).
+
+    Every rank says which global rank is its node's local rank 0 (`rank - local_rank`:
+    torchrun numbers a node's ranks contiguously); with one node, or a numbering where
+    that rank is not a local rank 0, it is (the default group, rank 0). Otherwise one
+    subgroup per node, made by every rank in the same order (`new_subgroups_by_enumeration`),
+    so a node's weights travel over its own loopback / shared memory, not the network.
+    The subgroups live as long as the default group (destroyed with it)."""
+    if not rt.distributed or rt.world_size < 2:
+        return None, 0
+    leads = rt.all_gather_object(rt.rank - rt.local_rank)
+    nodes = sorted(set(leads))
+    if len(nodes) < 2 or any(leads[lead] != lead for lead in nodes):
+        return None, 0
+    ranks = [[r for r, lead in enumerate(leads) if lead == node] for node in nodes]
+    group, _ = dist.new_subgroups_by_enumeration(ranks)
+    return group, leads[rt.rank]
+
+
+def check_nodes_agree(model: nn.Module, model_dir: Path) -> None:
+    """Every node loaded the same weights (a collective over the job): the names and shapes,
+    then one float64 sum per tensor, min and max over the ranks; numbers, not weights,
+    cross the network. Each node read its own copy of `model_dir`, and DDP is told not to
+    sync at start, so copies that differ between nodes would train apart unseen.
+
+    Raises:
+        TaskError: the copies differ (the first differing tensor named).
+    """
+    import hashlib
+
+    named = list(_named_tensors(model))
+    layout = hashlib.sha256(repr([(k, tuple(t.shape)) for k, t in named]).encode()).hexdigest()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, layout)
+    if len(set(gathered)) > 1:
+        raise TaskError(f"model: the nodes built different models from {model_dir / 'config.json'} "
+                        f"(names or shapes differ by rank); every node must hold the same files")
+    with torch.no_grad():
+        sums = torch.stack([t.detach().sum(dtype=torch.float64) for _, t in named])
+    low, high = sums.clone(), sums.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    differ = (~torch.isclose(low, high, rtol=0.0, atol=0.0, equal_nan=True)).nonzero()
+    if differ.numel():
+        raise TaskError(f"model: the nodes' copies of {model_dir} differ ({named[int(differ[0])][0]} "
+                        f"and {differ.numel() - 1} more tensor(s)); every node must hold the same files")
 
 
 class _AdapterStandIn:

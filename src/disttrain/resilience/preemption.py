@@ -12,9 +12,10 @@ Why it works this way (docs/resilience.md, "Graceful stop"):
 
 - The signal reaches every rank through torchrun's elastic agent: on SIGTERM / SIGINT it
   sends the same signal to each worker and waits `shutdown_timeout` (disttrain: the spec's
-  `launch.stop_grace_s`) before SIGKILL. A Ctrl-C in a terminal also reaches every worker
-  directly (one process group), so a worker sees the same signal twice within
-  milliseconds; a repeat within `DEBOUNCE_S` counts as the same request.
+  `launch.stop_grace_s`) before SIGKILL. A Ctrl-C in a terminal may also reach a worker
+  directly (when it shares the terminal's process group; a rank that leads its own session,
+  `distributed.process.own_session`, does not), so a worker can see the same signal twice
+  within milliseconds; a repeat within `DEBOUNCE_S` counts as the same request.
 - The first signal only sets a flag. The ranks agree at an optimizer-step boundary, since
   a rank that stopped alone would leave the others in DDP's next all-reduce and a
   checkpoint would mix steps. To agree without a collective per step, the ranks run one
@@ -22,13 +23,21 @@ Why it works this way (docs/resilience.md, "Graceful stop"):
   at steps they all compute alike: the next check comes after as many steps as fill about
   `CHECK_EVERY_S` at the slowest rank's pace (1 to `MAX_CHECK_STEPS`). The stop therefore
   starts within about max(CHECK_EVERY_S, one step) of the signal.
+- Under CPU contention a collective is a rendezvous of ranks that each wait for a CPU: on the
+  shared 2-vCPU VM a check took ~40 ms instead of ~0.7 ms, and at 4 checks a second the
+  checks were ~20 % of the run (issue 21: the Trainer slower than a plain DDP loop, which
+  has no such check). So the checks are also kept to `CHECK_BUDGET` of the time: the same
+  all_reduce carries the last check's cost (the shortest over the ranks, the collective's
+  own), and a check that cost more spaces the next ones out, up to `MAX_CHECK_S` apart.
 - A second signal (after `DEBOUNCE_S`) stops the rank at once: the default action of that
   signal, so the process ends killed by it (exit status 128 + signum to a shell, -signum to
   torchrun), without a checkpoint; the previous one stays intact (atomic writes).
 
 `STOP_FILE` (`RUN_DIR/stop.json`) is rank 0's record of a clean stop (signal, step, epoch,
 checkpoint): `disttrain run` reads it to say what happened, since torch's agent, once
-signalled, returns no values from the workers.
+signalled, returns no values from the workers. What it finds is a typed `errors.Failure`
+(`stop_failure`: STOPPED, INTERRUPTED, STOPPED_AFTER_END), whose kind gives the exit status
+(`errors.OUTCOMES`).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain import envvars
+from disttrain.errors import Failure, FailureKind
 from disttrain.rundir import STOP_JSON
 
 STOP_FILE = STOP_JSON
@@ -50,6 +60,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEBOUNCE_S = 1.0        # a repeat of the signal within this is the same request (Ctrl-C + agent)
 CHECK_EVERY_S = 0.25    # the ranks compare stop flags about this often (~0.7 ms each on gloo)
 MAX_CHECK_STEPS = 100   # ... and at least every this many optimizer steps
+CHECK_BUDGET = 0.01     # ... unless the checks would take more than this share of the time
+MAX_CHECK_S = 5.0       # ... and then at most this far apart (well within the stop grace period)
 LINGER_S = 1.0          # a stopped forked worker's wait for its agent (exit_after_return)
 
 
@@ -72,6 +84,7 @@ class GracefulStop:
     _device: Any = None
     _next_check: int = 1
     _last_check: tuple[int | None, float] = (None, 0.0)   # (step, time) of the last check
+    _check_s: float = 0.0       # how long this rank's last check took (compared at the next)
     _previous: dict[int, Any] | None = None
 
     def arm(self, rt: Any) -> None:
@@ -127,13 +140,25 @@ class GracefulStop:
         now = time.perf_counter()
         # the first check (the run may have resumed at any step): all the time so far as one step
         per_step = (now - last_t) / max(step - (step - 1 if last_step is None else last_step), 1)
-        flags = torch.tensor([float(self.signum), per_step], dtype=torch.float64, device=self._device)
+        # MAX of -cost is the MIN cost: the rank that came last waited only for the collective
+        flags = torch.tensor([float(self.signum), per_step, -self._check_s], dtype=torch.float64,
+                             device=self._device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        signum, slowest = flags.tolist()
+        signum, slowest, neg_cost = flags.tolist()
+        self._check_s = time.perf_counter() - now
         self._last_check = (step, now)
-        self._next_check = step + max(1, min(MAX_CHECK_STEPS, int(CHECK_EVERY_S / max(slowest, 1e-9))))
+        self._next_check = step + check_interval(slowest, -neg_cost)
         self.agreed_signum = int(signum)
         return bool(self.agreed_signum)
+
+
+def check_interval(step_s: float, check_s: float) -> int:
+    """Optimizer steps to the next stop check, the same on every rank (both arguments are
+    reduced over the ranks): about `CHECK_EVERY_S` at the slowest rank's `step_s`, longer
+    when a check's cost `check_s` would be more than `CHECK_BUDGET` of that time (up to
+    `MAX_CHECK_S`), and 1 to `MAX_CHECK_STEPS` steps."""
+    every = min(MAX_CHECK_S, max(CHECK_EVERY_S, check_s / CHECK_BUDGET))
+    return max(1, min(MAX_CHECK_STEPS, int(every / max(step_s, 1e-9))))
 
 
 _received = 0   # the first stop signal this process caught, whether or not the ranks acted on it
@@ -204,10 +229,10 @@ def clear_stop_record(run_dir: Path) -> None:
 
 
 # -- what the launcher says --------------------------------------------------------------------
-def stop_outcome(run_dir: Path, signum: int, script: bool, resume_cmd: str,
-                 since: float | None = None) -> tuple[str, int] | None:
-    """How a stopped job ended, as (one line for the user, exit status); None when it was
-    not stopped.
+def stop_failure(run_dir: Path, signum: int, script: bool, resume_cmd: str,
+                 since: float | None = None) -> Failure | None:
+    """How a stopped job ended, typed where it is found (`errors.Failure`: its kind's
+    `errors.OUTCOMES` row gives `disttrain run`'s exit status); None when it was not stopped.
 
     Args:
         run_dir: the job's run directory (rank 0's `STOP_FILE` there: a clean stop).
@@ -219,29 +244,31 @@ def stop_outcome(run_dir: Path, signum: int, script: bool, resume_cmd: str,
             no stop in it, means the signal came once training was over.
 
     Returns:
-        A clean stop: `errors.EXIT_STOPPED`; otherwise 128 + signum, as a shell reports a
-        process killed by that signal.
+        A clean stop: STOPPED (`errors.EXIT_STOPPED`); the signal after the last step:
+        STOPPED_AFTER_END (exit 0); otherwise INTERRUPTED (the launcher's 128 + signum, as
+        a shell reports a process killed by that signal).
     """
-    from disttrain.errors import EXIT_STOPPED
-
     record = read_stop_record(run_dir)
     if record is not None:
-        return (f"stopped by {record.get('signal')} at step {record.get('step')}, epoch "
-                f"{record.get('epoch')}; checkpoint at {record.get('checkpoint')}; resume with: "
-                f"{resume_cmd}", EXIT_STOPPED)
+        return Failure(FailureKind.STOPPED,
+                       f"stopped by {record.get('signal')} at step {record.get('step')}, epoch "
+                       f"{record.get('epoch')}; checkpoint at {record.get('checkpoint')}; "
+                       f"resume with: {resume_cmd}", rank=0)
     if not signum:
         return None
     name, code = signal_name(signum), 128 + signum
     if script:
-        return f"stopped by {name}; the ranks got {name}, exit status {code}", code
+        return Failure(FailureKind.INTERRUPTED,
+                       f"stopped by {name}; the ranks got {name}, exit status {code}")
     if since is not None and _finished_since(run_dir, since):
-        return (f"got {name} after the last step: the run had finished "
-                f"({run_dir / 'summary.json'})", 0)
+        return Failure(FailureKind.STOPPED_AFTER_END, f"got {name} after the last step: the "
+                       f"run had finished ({run_dir / 'summary.json'})")
     last = run_dir / "checkpoints" / "last.pt"
     after = (f"; the last checkpoint ({last}) resumes with: {resume_cmd}" if last.exists()
              else "")
-    return (f"stopped by {name} before the ranks could stop at a step and save (no checkpoint "
-            f"of this stop){after}; exit status {code}", code)
+    return Failure(FailureKind.INTERRUPTED,
+                   f"stopped by {name} before the ranks could stop at a step and save (no "
+                   f"checkpoint of this stop){after}; exit status {code}")
 
 
 def _finished_since(run_dir: Path, since: float) -> bool:

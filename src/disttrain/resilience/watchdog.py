@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disttrain import envvars
-from disttrain.errors import RankStalled
+from disttrain.errors import FailureKind, HostLost, RankStalled
 from disttrain.launch.ports import listening
 from disttrain.resilience.heartbeat import KEY_PREFIX, PHASE_ORDER, interval_for, store_client
 
@@ -73,6 +73,16 @@ class Stall:
     @property
     def pids(self) -> tuple[int, ...]:
         return (self.pid, *(pid for _, pid in self.tied))
+
+    @property
+    def kind(self) -> FailureKind:
+        """LOST_HOST when nothing arrives from the rank's host (another host, its publisher
+        silent too: a lost node or a partition), else STALL: decided here, where it is seen."""
+        return FailureKind.LOST_HOST if self.frozen and not self.local else FailureKind.STALL
+
+    def error(self) -> RankStalled:
+        """The typed error of this stall (`HostLost` for a lost host), as a rank records it."""
+        return (HostLost if self.kind is FailureKind.LOST_HOST else RankStalled)(self.message)
 
     @property
     def message(self) -> str:
@@ -344,7 +354,7 @@ def in_job_watchdog(host: str, port: int, world_size: int, timeout_s: float,
     def report(stall: Stall) -> None:
         print(stall_line(stall, ends_job=True, exiting_rank=watcher_rank), file=sys.stderr,
               flush=True)
-        _record_for_torchrun(RankStalled(stall.message))
+        _record_for_torchrun(stall.error())
 
     backup = watcher_rank != 0
     return Watchdog(host, port, world_size=1 if backup else world_size, timeout_s=timeout_s,

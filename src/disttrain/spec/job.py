@@ -47,7 +47,12 @@ from disttrain.spec.fields import (
     parse_task_reference,
     task_job_name,
 )
-from disttrain.spec.parallelism import ParallelismSpec, check_supported, resolve_degrees
+from disttrain.spec.parallelism import (
+    ParallelismSpec,
+    check_microbatches,
+    check_supported,
+    resolve_degrees,
+)
 from disttrain.spec.paths import check_readable_file
 
 MAX_PROCS = 1024  # processes or threads per node: more is a typo, not a machine
@@ -149,6 +154,11 @@ class TrainSpec(StrictModel):
     sync_batchnorm: bool = Field(
         False, description="convert BatchNorm layers to SyncBatchNorm (DDP): every rank normalises "
         "with the statistics of the global batch"
+    )
+    cpu_offload: bool = Field(
+        False, description="FSDP: keep each rank's shard of the parameters, its gradients and "
+        "the optimizer state in host memory (FSDP2's CPUOffloadPolicy); the device holds one "
+        "unit's gathered parameters at a time and the optimizer steps on the CPU"
     )
 
 
@@ -287,6 +297,12 @@ class JobSpec(StrictModel):
             raise ValueError("train.sync_batchnorm: SyncBatchNorm syncs the statistics of one "
                              "process per GPU, and strategy dp is one process; use --strategy "
                              "ddp, or --no-sync-batchnorm")
+        if cfg.cpu_offload and cfg.strategy != "fsdp":
+            raise ValueError(
+                f"train.cpu_offload: offloading parameters, gradients and optimizer state to "
+                f"host memory is FSDP's (fully_shard's CPUOffloadPolicy), and strategy "
+                f"{cfg.strategy} keeps them on the device; use --strategy fsdp --cpu-offload, "
+                f"or drop --cpu-offload")
         if cfg.strategy == "fsdp" and cfg.comm_hook == "powersgd":
             raise ValueError("train.comm_hook: powersgd is a DDP comm hook and FSDP has none; "
                              "use --strategy ddp, or --comm-hook bf16/fp16 with fsdp")
@@ -301,6 +317,7 @@ class JobSpec(StrictModel):
         if self.script:
             raise ValueError("parallelism: the built-in Trainer's mesh; a script builds its own "
                              "(torch.distributed.device_mesh); remove the section or the flags")
+        check_microbatches(self.parallelism, self.train.batch_size)
         nproc = self.launch.nproc_per_node
         if isinstance(nproc, int) and not self.cluster.elastic_nodes:
             check_supported(resolve_degrees(self.parallelism, self.launch.nnodes * nproc),

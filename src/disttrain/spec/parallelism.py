@@ -26,7 +26,8 @@ from pydantic import Field, model_validator
 from disttrain.errors import SpecError
 from disttrain.spec.fields import StrictModel
 
-__all__ = ["DEGREE_NAMES", "Degrees", "ParallelismSpec", "check_supported", "resolve_degrees"]
+__all__ = ["DEGREE_NAMES", "Degrees", "ParallelismSpec", "check_microbatches", "check_supported",
+           "resolve_degrees"]
 
 # mesh dimensions, outermost first: pp across pods, tp innermost (its collectives are the
 # most frequent and want the fastest link; torchtitan's ParallelDims uses the same order)
@@ -128,8 +129,8 @@ def resolve_degrees(p: ParallelismSpec, world_size: int) -> Degrees:
 
 
 def check_supported(d: Degrees, strategy: str) -> None:
-    """What this version composes: tp or pp alone (every rank in one model replica), or
-    plain data parallel (the strategy's).
+    """What this version composes: tp or pp alone (every rank in one model replica, run by
+    the Trainer: disttrain.train.model_parallel), or plain data parallel (the strategy's).
     Data parallel on top of tp/pp (FSDP2 x TP, PP x DP) is issue 26 item 4, not built yet.
 
     Raises:
@@ -147,11 +148,23 @@ def check_supported(d: Degrees, strategy: str) -> None:
         raise SpecError(f"parallelism: {d.describe()}: data parallel on top of tp/pp "
                         f"(dp_shard or dp_replicate > 1) is not supported yet; make tp or pp "
                         f"the whole world size")
-    if strategy == "fsdp":
-        raise SpecError(f"parallelism: {d.describe()}: strategy fsdp shards over data-parallel "
-                        f"ranks and there are none; use --strategy ddp (or none) with tp/pp")
-    # the library parts exist (disttrain.distributed.mesh / tensor_parallel, tested against
-    # one process); the Trainer's loader, evaluator, checkpoints and sync check are not
-    # mesh-aware yet, so a run is refused rather than trained wrong
-    raise SpecError(f"parallelism: {d.describe()}: the built-in Trainer does not run tensor or "
-                    f"pipeline parallel yet (issue 26); drop --tp/--pp")
+    if strategy in ("fsdp", "dp"):
+        raise SpecError(f"parallelism: {d.describe()}: strategy {strategy} splits the data over "
+                        f"ranks and with tp/pp over every rank there is no data-parallel rank; "
+                        f"use --strategy ddp (the default) or none with tp/pp")
+    # tp alone or pp alone over every rank: the Trainer builds the mesh and runs it
+    # (disttrain.train.model_parallel)
+
+
+def check_microbatches(p: ParallelismSpec, batch_size: int) -> None:
+    """Pipeline parallel splits each batch into `microbatches` equal parts (the stages are
+    traced for one part's shape), so the count must divide the per-process batch.
+
+    Raises:
+        SpecError: one line naming both numbers and the fix.
+    """
+    if p.pp != 1 and batch_size % p.microbatches:
+        raise SpecError(f"parallelism.microbatches: {p.microbatches} does not divide "
+                        f"train.batch_size {batch_size}; every micro-batch has the same rows "
+                        f"(the pipeline's stages are traced for them): use a divisor of "
+                        f"{batch_size}, or change --batch-size")

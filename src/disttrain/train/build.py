@@ -23,6 +23,7 @@ Choices made here, each printed in the start banner and stored in summary.json (
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from disttrain.spec.rules import check_runnable
 from disttrain.train.evaluate import Evaluator
 from disttrain.train.iterable_loader import IterableLoader
 from disttrain.train.loader import DatasetLoader, SampledLoader, ShardedLoader, seed_worker
+from disttrain.train.model_parallel import ModelParallel
 from disttrain.train.optim import build_optimizer, describe, global_batch, scaled_lr, warmup_lambda
 from disttrain.train.precision import Precision
 from disttrain.train.run_info import RunInfo
@@ -93,9 +95,12 @@ def make_model(task: TrainTask, seed: int, rt: Runtime) -> nn.Module:
     return model
 
 
-def make_loader(task: TrainTask, cfg: TrainSpec, rt: Runtime) -> SampledLoader | IterableLoader:
-    """This rank's training batches (see the module docstring for which loader and why)."""
+def make_loader(task: TrainTask, cfg: TrainSpec, rt: Runtime, shard: tuple[int, int] | None = None
+                ) -> SampledLoader | IterableLoader:
+    """This rank's training batches (see the module docstring for which loader and why);
+    `shard` = (index, count) of its data slice when that is not (rank, world size): tp/pp."""
     data, collate = task.train_data, task.collate_fn
+    rank, world = shard or (rt.rank, rt.world_size)
     pin = rt.device.type == "cuda"
     if isinstance(data, IterableDataset):
         return IterableLoader(data, cfg.batch_size, rt.device, rt.distributed and rt.world_size > 1,
@@ -103,9 +108,9 @@ def make_loader(task: TrainTask, cfg: TrainSpec, rt: Runtime) -> SampledLoader |
                               worker_init_fn=seed_worker)
     if isinstance(data, TensorDataset) and len(data.tensors) == 2 and collate is None:
         x, y = data.tensors
-        return ShardedLoader(x, y, cfg.batch_size, rt.rank, rt.world_size, shuffle=True,
+        return ShardedLoader(x, y, cfg.batch_size, rank, world, shuffle=True,
                              seed=cfg.seed, num_workers=cfg.num_workers)
-    return DatasetLoader(data, cfg.batch_size, rt.rank, rt.world_size, seed=cfg.seed,
+    return DatasetLoader(data, cfg.batch_size, rank, world, seed=cfg.seed,
                          collate_fn=collate, num_workers=cfg.num_workers, pin_memory=pin,
                          worker_init_fn=seed_worker)
 
@@ -142,14 +147,30 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
         notes.append("sync_batchnorm: BatchNorm layers normalise with the global batch's statistics")
     blocks = task.fsdp_block if isinstance(task.fsdp_block, tuple) else (
         (task.fsdp_block,) if task.fsdp_block is not None else None)
+    offload = getattr(cfg, "cpu_offload", False)
+    if offload and strategy != "fsdp":
+        notes.append(f"cpu_offload: not applied, strategy fsdp runs as {strategy} here "
+                     f"(world size {rt.world_size})")
     opts = WrapOptions(fsdp_sharding=cfg.fsdp_sharding,
-                       fsdp_reduce_dtype=REDUCE_DTYPES.get(cfg.comm_hook), fsdp_unit_types=blocks)
+                       fsdp_reduce_dtype=REDUCE_DTYPES.get(cfg.comm_hook), fsdp_unit_types=blocks,
+                       fsdp_cpu_offload=offload and strategy == "fsdp")
     fsdp_bytes = _fsdp_bytes(model, strategy, cfg.comm_hook)  # before sharding: full sizes
-    if task.load_weights is None:
+    parallel = None
+    if spec.parallelism.model_parallel:  # tp / pp: a mesh instead of a DDP/FSDP wrapper
+        parallel = ModelParallel.setup(spec, rt, task, model)
+        model, strategy = parallel.model, parallel.kind
+        notes.append(parallel.describe())
+    if parallel is not None:
+        pass  # split in place on this rank's device: nothing to wrap
+    elif task.load_weights is None:
         model = wrap(model, strategy, rt, opts)
     else:  # built on meta: the task reads the weights once and wraps where it must
-        model = task.load_weights(model, rt, strategy, lambda m: wrap(m, strategy, rt, opts))
-    loader = make_loader(task, cfg, rt)
+        model = task.load_weights(model, rt, strategy, lambda m, **ddp: wrap(
+            m, strategy, rt, dataclasses.replace(opts, extra={**opts.extra, **ddp})))
+    loader = make_loader(task, cfg, rt, (parallel.dp_rank, parallel.dp_size) if parallel else None)
+    if parallel is not None and parallel.pipe is not None and isinstance(loader, SampledLoader):
+        loader.whole_batches = True
+    data_ranks = parallel.dp_size if parallel is not None else rt.world_size
     comm: CommStats | None = None
     if strategy == "ddp":
         steps = planned_steps(cfg, len(loader)) if isinstance(loader, SampledLoader) else 1000
@@ -157,12 +178,13 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     elif cfg.comm_hook != "none" and strategy != "fsdp":
         notes.append(f"comm_hook {cfg.comm_hook}: only DDP communicates gradients; ignored "
                      f"with strategy {strategy}")
-    lr = scaled_lr(cfg.lr, cfg.lr_scaling, cfg.batch_size, rt.world_size, cfg.grad_accum)
+    lr = scaled_lr(cfg.lr, cfg.lr_scaling, cfg.batch_size, data_ranks, cfg.grad_accum)
     if cfg.warmup_steps:
         notes.append(f"lr warm-up: linear from {lr / cfg.warmup_steps:g} to {lr:g} over "
                      f"{cfg.warmup_steps} optimizer steps")
     # Frozen parameters (a LoRA base) are not the optimizer's: no state, no update.
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable = (parallel.parameters() if parallel is not None
+                 else [p for p in model.parameters() if p.requires_grad])
     optimizer = (task.optimizer(trainable, lr) if task.optimizer is not None
                  else build_optimizer(cfg.optimizer, trainable, lr))
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -176,7 +198,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
         name=spec.name, workload=task.name or "task", strategy=cfg.strategy,
         strategy_effective=strategy, backend=rt.backend, device=str(rt.device),
         world_size=rt.world_size, batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
-        global_batch=global_batch(cfg.batch_size, rt.world_size, cfg.grad_accum),
+        global_batch=global_batch(cfg.batch_size, data_ranks, cfg.grad_accum),
         lr_base=cfg.lr, lr_effective=lr, lr_scaling=cfg.lr_scaling,
         warmup_steps=cfg.warmup_steps, precision=cfg.precision,
         comm_hook=cfg.comm_hook if strategy in ("ddp", "fsdp") else "none",
@@ -187,11 +209,13 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     )
     for line in notes:
         rt.print0(line)
-    evaluator = Evaluator(task, rt, precision, batch_size=max(EVAL_BATCH, cfg.batch_size),
-                          lockstep=strategy == "fsdp", num_workers=cfg.num_workers)
+    evaluator = (parallel.evaluator(task, rt, precision, max(EVAL_BATCH, cfg.batch_size),
+                                    cfg.num_workers) if parallel is not None else
+                 Evaluator(task, rt, precision, batch_size=max(EVAL_BATCH, cfg.batch_size),
+                           lockstep=strategy == "fsdp", num_workers=cfg.num_workers))
     return Trainer(rt=rt, cfg=cfg, model=model, optimizer=optimizer, scheduler=scheduler,
                    task=task, loader=loader, evaluator=evaluator, precision=precision,
-                   writer=writer, info=info, comm=comm)
+                   writer=writer, info=info, comm=comm, parallel=parallel)
 
 
 def _length(data: Any) -> int:

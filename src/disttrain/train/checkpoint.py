@@ -61,7 +61,13 @@ from disttrain.train.ckpt_integrity import (
     write_error,
     write_manifest,
 )
-from disttrain.train.ckpt_sharded import dcp_name, load_sharded, save_sharded
+from disttrain.train.ckpt_sharded import ShardedLayout, dcp_name, load_sharded, save_sharded
+from disttrain.train.ckpt_trainable import (
+    FROZEN_LEFT_OUT,
+    frozen_numel,
+    load_trainable,
+    trainable_state,
+)
 from disttrain.train.precision import Precision
 
 log = logging.getLogger("disttrain")
@@ -347,6 +353,10 @@ class Checkpointer:
     precision: Precision
     # this rank's loader: a stream (IterableDataset) with state_dict() saves its position
     loader: Any = None
+    # tensor / pipeline parallel: their DCP layout (train/model_parallel.py); FSDP's is built in
+    layout: ShardedLayout | None = None
+    # False: frozen parameters (a LoRA base the task reloads) are left out (train/ckpt_trainable.py)
+    save_frozen: bool = True
 
     def _loader_state(self) -> Any:
         fn = getattr(self.loader, "state_dict", None)
@@ -355,8 +365,12 @@ class Checkpointer:
     def state_dict(self, state: TrainState, sharded: dict[str, Any] | None = None) -> dict[str, Any]:
         """What the .pt file holds; `sharded` (FSDP) replaces model/optimizer by a DCP
         folder reference and the consolidated weights."""
+        module = unwrap(self.model)
         weights = sharded if sharded is not None else {
-            "model": unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
+            "model": module.state_dict() if self.save_frozen else trainable_state(module),
+            "optimizer": self.optimizer.state_dict()}
+        if not self.save_frozen:
+            weights = {**weights, FROZEN_LEFT_OUT: frozen_numel(module)}
         scaler = self.precision.scaler
         return {
             "format": 1, **weights, "scheduler": self.scheduler.state_dict(),
@@ -382,10 +396,11 @@ class Checkpointer:
             data_states = self.rt.all_gather_object(self._loader_state())
         error: str | None = None
         sharded, files = None, {}
-        if is_fsdp(self.model):  # every rank writes its shards (a collective)
+        if is_fsdp(self.model) or self.layout is not None:  # every rank writes its shards
             try:
                 sharded, files = save_sharded(self.ckpt_dir, state.step, self.model,
-                                              self.optimizer, rank0=self.rt.is_rank0)
+                                              self.optimizer, rank0=self.rt.is_rank0,
+                                              layout=self.layout, save_frozen=self.save_frozen)
             except CheckpointError as exc:
                 error = str(exc)
         if write and error is None:
@@ -423,7 +438,9 @@ class Checkpointer:
         if found is None:
             return None
         ckpt, path = found
-        if not ckpt.get("dcp"):   # before torch's load_state_dict error, from our frames
+        fix = resume_fix(str(self.ckpt_dir.parent))
+        left_out = FROZEN_LEFT_OUT in ckpt   # saved without its frozen base: loaded onto ours
+        if not ckpt.get("dcp") and not left_out:   # before torch's error, from our frames
             problem = state_dict_mismatch(unwrap(self.model).state_dict(), ckpt["model"])
             if problem is not None:
                 raise IncompatibleCheckpoint(
@@ -433,9 +450,13 @@ class Checkpointer:
             raise CheckpointError(f"{path}: saved with world size {ckpt.get('world_size')}, "
                                   f"this job has {self.rt.world_size}; the data order would differ")
         if ckpt.get("dcp"):  # FSDP: every rank loads its shards of model and optimizer
-            load_sharded(path.parent / ckpt["dcp"], self.model, self.optimizer)
+            load_sharded(path.parent / ckpt["dcp"], self.model, self.optimizer, self.layout,
+                         save_frozen=not left_out, fix=fix)
         else:
-            unwrap(self.model).load_state_dict(ckpt["model"])
+            if left_out:   # strict about the trainable keys; the frozen ones keep their values
+                load_trainable(unwrap(self.model), ckpt["model"], str(path), fix)
+            else:
+                unwrap(self.model).load_state_dict(ckpt["model"])
             try:
                 self.optimizer.load_state_dict(ckpt["optimizer"])
             except (ValueError, KeyError) as exc:  # same weights, another optimizer's state

@@ -38,6 +38,10 @@ class Evaluator:
         self.task, self.rt, self.precision = task, rt, precision
         self.batch_size, self.lockstep, self.num_workers = batch_size, lockstep, num_workers
         self.names = ["loss", *task.metrics]
+        # the held-out set is split over the data slices: the ranks by default; under tp/pp
+        # the data-parallel ranks, summed over their group (train/model_parallel.py)
+        self.data_rank, self.data_world = rt.rank, rt.world_size
+        self.reduce_group: Any = None
 
     @property
     def enabled(self) -> bool:
@@ -68,8 +72,8 @@ class Evaluator:
                                     f"{type(pair).__name__}")
                 _add(sums, 2 * i, pair[0], name)
                 _add(sums, 2 * i + 1, pair[1], name)
-        if self.rt.distributed and self.rt.world_size > 1:
-            dist.all_reduce(sums)
+        if self.rt.distributed and self.data_world > 1:
+            dist.all_reduce(sums, group=self.reduce_group)
         model.train(was_training)
         values = sums.tolist()
         return {name: (values[2 * i] / values[2 * i + 1] if values[2 * i + 1] else float("nan"))
@@ -81,7 +85,7 @@ class Evaluator:
         if isinstance(data, IterableDataset):
             yield from self._stream(data)
             return
-        n, rank, world = len(data), self.rt.rank, self.rt.world_size
+        n, rank, world = len(data), self.data_rank, self.data_world
         idx = eval_shard(n, rank, world)
         mine = _ceil_div(len(idx), self.batch_size)
         longest = _ceil_div(_ceil_div(n, world), self.batch_size) if self.lockstep else mine

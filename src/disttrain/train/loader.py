@@ -77,12 +77,17 @@ class SampledLoader:
                                           shuffle=shuffle, seed=seed, drop_last=drop_last)
         self.epoch = 0
         self.skip = 0
+        # only full batches (an epoch's short last one dropped): pipeline parallel traces
+        # its stages for a fixed micro-batch size (train/model_parallel.py)
+        self.whole_batches = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
+        if self.whole_batches:
+            return len(self.sampler) // self.batch_size
         return -(-len(self.sampler) // self.batch_size)
 
     def batch_len(self, i: int) -> int:
@@ -137,15 +142,16 @@ class ShardedLoader(SampledLoader):
 class _ResumableBatches(Sampler[list[int]]):
     """Batches of indices in DistributedSampler order, from batch `start` on."""
 
-    def __init__(self, order: list[int], batch_size: int, start: int):
+    def __init__(self, order: list[int], batch_size: int, start: int, stop: int | None = None):
         self.order, self.batch_size, self.start = order, batch_size, start
+        self.stop = -(-len(order) // batch_size) if stop is None else stop
 
     def __len__(self) -> int:
-        return max(0, -(-len(self.order) // self.batch_size) - self.start)
+        return max(0, self.stop - self.start)
 
     def __iter__(self) -> Iterator[list[int]]:
         bs = self.batch_size
-        for b in range(self.start, -(-len(self.order) // bs)):
+        for b in range(self.start, self.stop):
             yield self.order[b * bs:(b + 1) * bs]
 
 
@@ -163,7 +169,7 @@ class DatasetLoader(SampledLoader):
 
     def __iter__(self) -> Iterator[Any]:
         start, self.skip = self.skip, 0
-        batches = _ResumableBatches(list(self.sampler), self.batch_size, start)
+        batches = _ResumableBatches(list(self.sampler), self.batch_size, start, len(self))
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rank * 10_007 + self.epoch)
         loader = DataLoader(self.dataset, batch_sampler=batches, collate_fn=self.collate_fn,
                             num_workers=self.num_workers, pin_memory=self.pin_memory,

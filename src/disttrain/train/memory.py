@@ -26,6 +26,39 @@ from torch.utils._pytree import tree_flatten
 MIB = 2**20
 TRACKED_STEPS = 2     # the plan traces two optimizer steps; the CPU probe tracks as many
 SAMPLE_EVERY = 10     # CUDA: mem_get_info once per this many optimizer steps
+# What FSDP2's CPUOffloadPolicy keeps in host memory, by the trackers' category names: the
+# rank's shards, their gradients once reduce-scattered, and the optimizer state made from
+# them. Buffers and the gathered (unsharded) parameters and gradients stay on the device.
+OFFLOADED = frozenset({"Sharded Param", "Sharded Grad", "Optstate", "OptState"})
+
+
+def peak_only(tracker_class: type, host: frozenset[str] = frozenset()) -> type:
+    """`tracker_class` (MemTracker or FSDPMemTracker) keeping only its global peak, of the
+    device: the categories in `host` (CPU offload: `OFFLOADED`) are left out of it.
+
+    After every op MemTracker compares the memory with the peak of every module it has
+    seen (`_update_peak_stats` walks all of `memory_tracking`): ops x modules, minutes for
+    a 28-layer decoder, and neither the plan nor the probe reads those per-module peaks.
+    The global peak is kept as torch keeps it, less the host categories: on a CPU trace
+    (or a CPU run) the offloaded state is on the same device as the rest, so the tracker
+    cannot tell them apart by device. `_update_peak_stats` is private: tests/plan/
+    test_tracker_contract.py fails when torch changes how it is called."""
+
+    class PeakOnly(tracker_class):  # type: ignore[misc, valid-type]
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for dev, dev_snap in self._curr_mem_snap.items():
+                total = dev_snap["Total"] - on_host(dev_snap, host)
+                if self._peak_mem.get(dev, 0) < total:
+                    self._peak_mem[dev] = total
+                    self._peak_mem_snap[dev] = {**dev_snap, "Total": total}
+
+    PeakOnly.__name__ = f"PeakOnly{tracker_class.__name__}"
+    return PeakOnly
+
+
+def on_host(snapshot: dict[Any, int], host: frozenset[str]) -> int:
+    """The bytes of a tracker snapshot's categories named in `host`."""
+    return sum(int(v) for k, v in snapshot.items() if getattr(k, "value", k) in host)
 
 
 class MemoryProbe:
@@ -44,11 +77,14 @@ class MemoryProbe:
         self._fsdp2 = isinstance(model, FSDPModule)
         # Decided once, from the model: the CPU tracker cannot follow FSDP1 (its original
         # parameters are views of a flat one, and the tracker's gradient hooks refuse
-        # non-leaf tensors) nor a frozen parameter (it hooks every parameter's gradient and
-        # raises, "cannot register a hook on a tensor that doesn't require gradient": a LoRA
-        # base, recipes/causal_lm.py). Those runs are not tracked.
-        self._trackable = not self.cuda and not isinstance(model, FullyShardedDataParallel) \
-            and all(p.requires_grad for p in model.parameters())
+        # non-leaf tensors); those runs are not tracked. Frozen parameters (a LoRA base,
+        # recipes/causal_lm.py) are, by train/frozen_tracking.py's tracker.
+        self._trackable = not self.cuda and not isinstance(model, FullyShardedDataParallel)
+        # CPU offload (train.cpu_offload): the figure is the device's, as the plan's, so the
+        # offloaded state is left out although on the CPU it lies beside the rest
+        from disttrain.distributed.fsdp import cpu_offloaded
+
+        self._host = OFFLOADED if self._fsdp2 and cpu_offloaded(model) else frozenset()
 
     # -- hooks the Trainer calls ---------------------------------------------------
     def before_micro(self, batch: Any) -> None:
@@ -102,10 +138,14 @@ class MemoryProbe:
         if self._fsdp2:
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
+            if self._host:
+                return peak_only(FSDPMemTracker, self._host)(self.model, self.optimizer)
             return FSDPMemTracker(self.model, self.optimizer)
         from torch.distributed._tools.mem_tracker import MemTracker
 
-        return MemTracker()
+        from disttrain.train.frozen_tracking import frozen_aware
+
+        return frozen_aware(MemTracker)()
 
     def _close(self) -> None:
         tracker, self._tracker = self._tracker, None

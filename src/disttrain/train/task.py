@@ -80,12 +80,22 @@ class TrainTask:
         load_weights: for a model factory that builds on the meta device (a pretrained model
             read from disk once, `disttrain.recipes`): `load_weights(model, rt, strategy,
             wrap) -> model` gives the parameters their values and calls `wrap(model)` where
-            it must (before the values for FSDP2, after them for DDP); default: the
+            it must (before the values for FSDP2, after them for DDP; `wrap(model, **kw)`
+            passes DDP keyword arguments: the recipe's `init_sync=False`); default: the
             factory's own values, then `wrap(model)`.
         on_end: `on_end(model, rt, output_dir, eval) -> dict`, called on every rank after
             training ended (not when it was stopped to resume later), after the sync check:
             the task saves what lasts (the recipe: the model in Hugging Face format to
             `train.output_dir`, None when unset) and returns entries for summary.json.
+        save_frozen: False when the model's frozen parameters come back identical from the
+            task's own loading (a LoRA base read again from its model directory): the run's
+            checkpoints then hold the trainable parameters only (train/ckpt_trainable.py).
+        example_batch: `example_batch(batch_size) -> batch`, one batch of a rank's shape
+            (the structure, shapes and dtypes the loader would give for that per-rank batch
+            size; the values do not matter). `disttrain plan` traces it instead of reading
+            `train_data`, for data the planning machine cannot read (a cluster volume, a
+            download); default: the plan reads one batch through the task's own loader.
+            The run never calls it.
     """
 
     model: Any
@@ -103,6 +113,8 @@ class TrainTask:
     # tensor parallel (issue 26): {"module.path.*": ParallelStyle} or fn(model, tp_mesh) -> None;
     # None = a built-in plan matched by module names (disttrain.distributed.tensor_parallel)
     tp_plan: Any = None
+    save_frozen: bool = True
+    example_batch: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         problems = task_problems(self)
@@ -135,7 +147,7 @@ def task_problems(task: TrainTask) -> list[str]:
         out.append("give loss_fn or step_fn, not both (step_fn computes the loss itself)")
     for label, fn in (("loss_fn", task.loss_fn), ("step_fn", task.step_fn), ("optimizer", task.optimizer),
                       ("collate_fn", task.collate_fn), ("load_weights", task.load_weights),
-                      ("on_end", task.on_end)):
+                      ("on_end", task.on_end), ("example_batch", task.example_batch)):
         if fn is not None and not callable(fn):
             out.append(f"{label} must be callable, got {type(fn).__name__}")
     if not isinstance(task.metrics, Mapping):

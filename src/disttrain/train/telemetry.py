@@ -102,6 +102,8 @@ class StepTelemetry:
         self._samples_log = 0
         # what the rank's memory really was (train/memory.py's MemoryProbe, set by the Trainer)
         self.memory: Any = None
+        # ranks reading different batches (samples/s); None: all. tp/pp: the data-parallel ones
+        self.data_ranks: int | None = None
 
     # -- the loop's calls ------------------------------------------------------------------
     def attach(self, rt: Runtime, comm: CommStats | None, run_dir: Path,
@@ -128,7 +130,8 @@ class StepTelemetry:
         trained so far), this rank's live file, and a flush every `FLUSH_RECORDS`."""
         now = time.perf_counter()
         assert self._rt is not None, "attach() first"
-        sps = (samples - self._samples_log) * self._rt.world_size / max(now - self._t_log, 1e-9)
+        ranks = self.data_ranks or self._rt.world_size
+        sps = (samples - self._samples_log) * ranks / max(now - self._t_log, 1e-9)
         self._t_log, self._samples_log = now, samples
         times = self.timer.interval()
         self.records.append(StepRecord(epoch, step, loss, sps, lr, times))

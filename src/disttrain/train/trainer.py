@@ -47,6 +47,7 @@ from disttrain.train.evaluate import Evaluator
 from disttrain.train.iterable_loader import IterableLoader
 from disttrain.train.loader import SampledLoader
 from disttrain.train.memory import MemoryProbe
+from disttrain.train.model_parallel import ModelParallel
 from disttrain.train.precision import Precision
 from disttrain.train.run_info import RunInfo
 from disttrain.train.steps import run_step
@@ -75,6 +76,8 @@ class Trainer:
     stop: GracefulStop = field(default_factory=GracefulStop)  # SIGTERM / SIGINT (resilience/preemption.py)
     # the step timer, records, live files, metrics rows and straggler verdict (train/telemetry.py)
     telemetry: StepTelemetry = field(default_factory=StepTelemetry)
+    # tensor / pipeline parallel: the mesh, the stage, the step (train/model_parallel.py)
+    parallel: ModelParallel | None = None
 
     # -- the loop -----------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -84,7 +87,11 @@ class Trainer:
         heartbeat.start(self.rt.rank, self.rt.timeout_s, self.rt.store_address, self.model,
                         self.optimizer)
         self.telemetry.attach(self.rt, self.comm, self.info.run_dir, self.writer)
-        self.telemetry.memory = MemoryProbe(self.model, self.optimizer, self.rt.device)
+        self.telemetry.data_ranks = self.data_ranks
+        # not under pp: the schedule runs the stage once per micro-batch in one step, and
+        # torch's memory tracker refuses a module's second forward ("multiple iterative calls")
+        if self.parallel is None or self.parallel.pipe is None:
+            self.telemetry.memory = MemoryProbe(self.model, self.optimizer, self.rt.device)
         self.stop.arm(self.rt)
         self.maybe_resume()
         samples_start = self.state.samples
@@ -99,7 +106,7 @@ class Trainer:
             if self.stop.agreed_signum and not complete:  # stopped mid-epoch: no evaluation
                 break
             last_eval = self.evaluate()
-            sps = (self.state.samples - samples0) * self.rt.world_size / max(dt, 1e-9)
+            sps = (self.state.samples - samples0) * self.data_ranks / max(dt, 1e-9)
             table.row(self.state.epoch, train_loss, last_eval.get("loss", float("nan")),
                       last_eval.get("accuracy", float("nan")), sps)
             if self.writer and last_eval:
@@ -112,7 +119,7 @@ class Trainer:
             every = self.cfg.checkpoint_every_epochs
             if every and (self.state.epoch % every == 0 or self.state.epoch == self.cfg.epochs):
                 self.save()
-        run_sps = (self.state.samples - samples_start) * self.rt.world_size / train_s if train_s else 0.0
+        run_sps = (self.state.samples - samples_start) * self.data_ranks / train_s if train_s else 0.0
         if self.stopped_by:  # the ranks agreed to stop at this step: one checkpoint to resume from
             self.save()
         return self.finish(last_eval, run_sps, time.perf_counter() - t_start, table)
@@ -182,14 +189,19 @@ class Trainer:
             self.telemetry.memory.before_micro(batch)
         timer.compute_start()
         with no_sync(self.model, skip=not sync), self.precision.autocast():
-            loss, _ = run_step(self.task, self.model, batch)
-            self.precision.backward(loss * weight if weight != 1.0 else loss)
+            if self.parallel is not None and self.parallel.pipe is not None:
+                loss = self.parallel.pipeline_step(batch, weight)   # the schedule's backward
+            else:
+                loss, _ = run_step(self.task, self.model, batch)
+                self.precision.backward(loss * weight if weight != 1.0 else loss)
         timer.compute_end()
         return loss.detach(), batch_size_of(batch)
 
     def optimizer_step(self) -> None:
         timer = self.telemetry.timer
         timer.optimizer_start()
+        if self.parallel is not None:
+            self.parallel.before_optimizer_step()
         self.precision.step(self.optimizer)
         # Under DDP the gradients are views into its buckets: zero them in place, which
         # keeps that memory. Elsewhere set_to_none: backward then writes the gradient
@@ -224,6 +236,11 @@ class Trainer:
 
     # -- bookkeeping ----------------------------------------------------------------
     @property
+    def data_ranks(self) -> int:
+        """Ranks that read different batches (each sample counted once in samples/s)."""
+        return self.parallel.dp_size if self.parallel is not None else self.rt.world_size
+
+    @property
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
@@ -250,7 +267,9 @@ class Trainer:
     @property
     def checkpointer(self) -> Checkpointer:
         return Checkpointer(self.rt, checkpoint_dir(self.info.run_dir), self.model,
-                            self.optimizer, self.scheduler, self.precision, loader=self.loader)
+                            self.optimizer, self.scheduler, self.precision, loader=self.loader,
+                            layout=self.parallel.layout(self.optimizer) if self.parallel else None,
+                            save_frozen=self.task.save_frozen)
 
     def save(self) -> None:
         """A checkpoint of this step: rank 0 writes (atomically) what every rank needs."""
@@ -280,7 +299,8 @@ class Trainer:
         self._sync_buffers()
         # The whole state_dict: parameters and buffers (BatchNorm statistics included);
         # names the rank and tensor when they differ.
-        sync = check_in_sync(self.model, "state")
+        sync = (self.parallel.check_in_sync() if self.parallel is not None
+                else check_in_sync(self.model, "state"))
         if not sync.in_sync:
             self.rt.print0(f"warning: {sync.describe()}")
         final = self.writer.last_train_loss() if self.writer else None
@@ -292,6 +312,7 @@ class Trainer:
             "params_sha256": sync.digests[self.rt.rank], "params_in_sync": sync.in_sync,
             "params_sha256_per_rank": sync.digests, "wall_s": round(wall_s, 3),
             **({} if sync.in_sync else {"params_divergence": sync.as_dict()}),
+            **({"params_check": sync.scope} if sync.scope else {}),  # tp/pp: what was compared
             **(self.comm.summary() if self.comm is not None else {}),
             **self.telemetry.finish(samples_per_s),   # `ranks`, `straggler`
         }

@@ -1,0 +1,76 @@
+"""Does the task's model fit the parallelism degrees? Checked before any process starts.
+
+    check_mesh_fits(spec)          # SpecError / StrategyError, one line each
+
+The degree product against the world size is the spec's own check (`resolve_degrees`,
+when `JobSpec` is validated); what needs the model is checked here, on the meta device (no
+memory for weights, nothing downloaded beyond what the task's factory reads itself):
+- tp must divide every head count the model states (each rank holds whole heads:
+  `tensor_parallel.check_heads`), and a built-in plan must fit it or the task give one;
+- pp must not exceed the number of blocks the model is cut at (`pipeline.balanced_cuts`).
+Inside the ranks `ModelParallel.setup` applies the same checks again; here they cost one
+model build in the CLI instead of a process group, a launch and N tracebacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disttrain.spec.parallelism import Degrees, ParallelismSpec, check_supported, resolve_degrees
+
+__all__ = ["check_mesh_fits", "degrees_before_launch"]
+
+
+def degrees_before_launch(spec: Any) -> Degrees | None:
+    """The resolved degrees when the spec fixes the world size (launch.nnodes x an integer
+    nproc_per_node, not elastic); else None (the ranks resolve them)."""
+    nproc = spec.launch.nproc_per_node
+    if not isinstance(nproc, int) or getattr(spec.cluster, "elastic_nodes", None):
+        return None
+    return resolve_degrees(spec.parallelism, spec.launch.nnodes * nproc)
+
+
+def check_mesh_fits(spec: Any, nproc: int | None = None) -> None:
+    """Refuse degrees the task's model cannot be split into (a built-in job with tp or pp).
+
+    Args:
+        spec: the job (a JobSpec).
+        nproc: processes per node for an `auto` nproc_per_node, as the launcher will
+            resolve it (`disttrain run`: this machine's GPUs or 2; k8s: the pod's GPUs);
+            None: a -1 degree is then taken as 1 and not checked (the ranks check it).
+
+    Raises:
+        SpecError: the degrees do not multiply to the world size.
+        StrategyError: tp does not divide the heads, no tp plan fits, pp exceeds the blocks.
+        TaskError: the task cannot be built.
+    """
+    if spec.script or not spec.task or spec.parallelism == ParallelismSpec():
+        return
+    tp, pp = _wanted(spec, nproc)
+    if tp == 1 and pp == 1:
+        return
+    from disttrain.distributed.pipeline import balanced_cuts
+    from disttrain.distributed.tensor_parallel import check_heads, tp_plan_for
+    from disttrain.plan.job import task_of
+    from disttrain.plan.trace import build_fake_model
+
+    task = task_of(spec)
+    model = build_fake_model(task)
+    if tp > 1:
+        check_heads(model, tp)
+        tp_plan_for(model, task.tp_plan)
+    if pp > 1:
+        balanced_cuts(model, task.fsdp_block, pp)
+
+
+def _wanted(spec: Any, nproc: int | None) -> tuple[int, int]:
+    """(tp, pp) as the ranks will resolve them; the product and what this version composes
+    are checked here too when the world size is known (`auto` processes: the caller's)."""
+    degrees = degrees_before_launch(spec)
+    if degrees is None and nproc is not None and not getattr(spec.cluster, "elastic_nodes", None):
+        degrees = resolve_degrees(spec.parallelism, spec.launch.nnodes * nproc)
+    if degrees is not None:
+        check_supported(degrees, spec.train.strategy)
+        return degrees.tp, degrees.pp
+    p = spec.parallelism
+    return max(p.tp, 1), max(p.pp, 1)

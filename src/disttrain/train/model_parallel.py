@@ -1,0 +1,325 @@
+"""Tensor and pipeline parallel in the Trainer: the mesh, the split model, its step, its
+evaluation and checkpoints (issue 26; the library parts are in disttrain.distributed).
+
+    mp = ModelParallel.setup(spec, rt, task, model)   # mesh from the degrees, tp plan or stages
+    model = mp.model              # what the Trainer holds: the tp model, or this rank's stage
+    loader = make_loader(task, cfg, rt, shard=(mp.dp_rank, mp.dp_size))
+    loss = mp.pipeline_step(batch, weight)            # pp: the schedule; every rank gets the loss
+
+What each piece does differently from data parallel, and why:
+- the data: ranks that differ only in tp or pp read the same batches (`mesh.data_rank`):
+  a tp group computes one replica, and under pp every stage reads the whole batch (the
+  first uses its input, the last its target) so that every rank's loader position,
+  sample count and accumulation boundaries stay the same, which the loop's checkpoint
+  and its stop agreement rely on; the cost is one index gather of unused data;
+- pp traces its stages for micro-batches of `batch_size / microbatches` rows, so an
+  epoch's short last batch is dropped (`SampledLoader.whole_batches`);
+- the loss on pp is the last stage's, broadcast over the stage group for the log; the
+  schedule runs with `scale_grads=False` and the loss is divided by the micro-batch count
+  instead (torch's division would also hit the gradients accumulated by earlier micro-steps);
+- evaluation: tp ranks run the same batches together (each forward is a collective); pp
+  runs a plain forward through the stages with send/recv (any batch size) and scores on
+  the last stage;
+- checkpoints: torch.distributed.checkpoint, per rank (`ShardedLayout`): tp saves its
+  DTensor shards (`tensor_parallel.dcp_view`), pp each stage its part; the .pt holds the
+  consolidated weights as under FSDP;
+- the end-of-run check compares each tensor among the ranks holding the same copy
+  (`sync_check.check_copies_in_sync`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.data import IterableDataset, default_collate
+
+from disttrain.distributed.mesh import build_mesh, data_rank
+from disttrain.distributed.pipeline import PipelinedModel, balanced_cuts
+from disttrain.distributed.runtime import Runtime
+from disttrain.distributed.sync_check import SyncReport, check_copies_in_sync, dtensor_copies
+from disttrain.errors import SpecError, StrategyError
+from disttrain.resilience import heartbeat
+from disttrain.spec.job import JobSpec
+from disttrain.spec.parallelism import Degrees, check_supported, resolve_degrees
+from disttrain.train.batch import batch_size_of, to_device
+from disttrain.train.ckpt_sharded import ShardedLayout
+from disttrain.train.evaluate import Evaluator
+from disttrain.train.task import TaskError, TrainTask
+
+__all__ = ["ModelParallel", "PipelineEvaluator"]
+
+
+@dataclass
+class ModelParallel:
+    """The mesh of a tp or pp run and this rank's place in it."""
+
+    degrees: Degrees
+    mesh: DeviceMesh
+    dp_rank: int                  # which slice of the data this rank reads
+    dp_size: int                  # how many different slices there are (lr, samples/s)
+    model: nn.Module              # the tp model, or this rank's pipeline stage
+    pipe: PipelinedModel | None = None
+    microbatches: int = 1
+    rows: int = 0                 # pp: rows of one micro-batch (the stages are traced for it)
+    weight: float = 1.0           # the current micro-batch's share of its accumulation group
+
+    @property
+    def kind(self) -> str:
+        return "pp" if self.pipe is not None else "tp"
+
+    def describe(self) -> str:
+        extra = (f", stage {self.pipe.stage_index + 1} of {self.pipe.num_stages}, "
+                 f"{self.microbatches} micro-batches") if self.pipe is not None else ""
+        return f"parallelism: {self.degrees.describe()} ({self.kind}{extra}; data slices: {self.dp_size})"
+
+    # -- build ------------------------------------------------------------------------
+    @classmethod
+    def setup(cls, spec: JobSpec, rt: Runtime, task: TrainTask, model: nn.Module) -> ModelParallel:
+        """Build the mesh from the spec's degrees and split `model` over it.
+
+        Raises:
+            SpecError: degrees this version does not run (`check_supported`), or settings
+                the split cannot honour (named, with the fix).
+            StrategyError: the model does not fit the split (heads, blocks, no plan).
+        """
+        p, cfg = spec.parallelism, spec.train
+        degrees = resolve_degrees(p, rt.world_size)
+        check_supported(degrees, cfg.strategy)
+        if isinstance(task.train_data, IterableDataset) or isinstance(task.eval_data, IterableDataset):
+            raise SpecError("parallelism: tp/pp read map-style datasets (each rank of a model "
+                            "replica must see the same batch); the task's data is an "
+                            "IterableDataset; use a map-style Dataset or drop --tp/--pp")
+        if task.load_weights is not None:
+            raise SpecError("parallelism: tp/pp build the model whole, then split it; a task "
+                            "with load_weights (built on meta) is not supported yet; drop --tp/--pp")
+        mesh = build_mesh(degrees, rt)
+        dp_rank, dp_size = data_rank(mesh)
+        model = model.to(rt.device)
+        if degrees.tp > 1:
+            from disttrain.distributed.tensor_parallel import apply_tp, check_heads, tp_plan_for
+
+            check_heads(model, degrees.tp)
+            apply_tp(model, mesh["tp"], tp_plan_for(model, task.tp_plan))
+            return cls(degrees, mesh, dp_rank, dp_size, model)
+        if cfg.precision == "fp16":
+            raise SpecError("train.precision: fp16's loss scaler is not wired into the pipeline "
+                            "schedule; use --precision bf16 or fp32 with --pp")
+        if cfg.grad_ckpt:
+            raise SpecError("train.grad_ckpt: the pipeline's stages are traced from the plain "
+                            "model; drop --grad-ckpt with --pp")
+        if p.microbatches < 1 or cfg.batch_size % p.microbatches:
+            raise SpecError(f"parallelism.microbatches: {p.microbatches} does not divide "
+                            f"train.batch_size {cfg.batch_size}; every micro-batch has the same "
+                            f"rows (the stages are traced for them)")
+        if task.loss_fn is None:
+            raise TaskError("pipeline parallel runs the loss on the last stage as "
+                            "loss_fn(output, target); the task has only a step_fn (which runs "
+                            "the whole model): give it a loss_fn for (input, target) batches")
+        rows = cfg.batch_size // p.microbatches
+        mp = cls(degrees, mesh, dp_rank, dp_size, model, microbatches=p.microbatches, rows=rows)
+        example = _example_input(task, rows, rt.device)
+        loss_fn = task.loss_fn
+
+        def staged_loss(output: Any, target: Any) -> torch.Tensor:
+            # mean over the batch = mean of equal micro-batches; times the accumulation weight
+            return loss_fn(output, target) * (mp.weight / mp.microbatches)
+
+        mp.pipe = PipelinedModel.build(model, balanced_cuts(model, task.fsdp_block, degrees.pp),
+                                       (example,), mesh["pp"], p.pp_schedule, p.microbatches,
+                                       staged_loss, rt.device, scale_grads=False)
+        mp.model = mp.pipe.stage_module
+        return mp
+
+    def parameters(self) -> list[nn.Parameter]:
+        """What this rank's optimizer updates."""
+        params = self.pipe.parameters() if self.pipe is not None else list(self.model.parameters())
+        return [p for p in params if p.requires_grad]
+
+    def evaluator(self, task: TrainTask, rt: Runtime, precision: Any, batch_size: int,
+                  num_workers: int) -> Evaluator:
+        """The held-out set split over the data slices, not the ranks."""
+        kind = PipelineEvaluator if self.pipe is not None else Evaluator
+        ev = kind(task, rt, precision, batch_size=batch_size, lockstep=False, num_workers=num_workers)
+        ev.data_rank, ev.data_world = self.dp_rank, self.dp_size
+        ev.reduce_group = _dp_group(self.mesh)
+        if isinstance(ev, PipelineEvaluator):
+            ev.mp = self
+        return ev
+
+    # -- the step ---------------------------------------------------------------------
+    def pipeline_step(self, batch: Any, weight: float) -> torch.Tensor:
+        """Forward and backward of one batch through the schedule; the batch's mean loss
+        from the last stage, on every rank of the pipeline (broadcast for the log)."""
+        assert self.pipe is not None
+        if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
+            raise TaskError("pipeline parallel needs (input, target) batches")
+        inputs, target = batch
+        rows = batch_size_of(batch)
+        if rows % self.microbatches:
+            raise TaskError(f"a batch of {rows} rows does not split into {self.microbatches} "
+                            f"equal micro-batches")
+        self.weight = weight
+        loss = self.pipe.step(inputs, target)
+        out = torch.zeros((), device=inputs.device)
+        if loss is not None:   # the mean of the micro-batches' loss * weight / microbatches
+            out = (loss * (self.microbatches / weight)).reshape(())
+        dist.broadcast(out, src=_ranks(self.pipe.group)[-1], group=self.pipe.group)
+        return out
+
+    def before_optimizer_step(self) -> None:
+        """pp: the tied weights' copies on different stages get one summed gradient."""
+        if self.pipe is not None:
+            self.pipe.sync_tied_grads()
+
+    # -- checkpoints and the end-of-run check -------------------------------------------
+    def layout(self, optimizer: torch.optim.Optimizer) -> ShardedLayout:
+        """How this rank's part of model and optimizer goes to and from a DCP folder."""
+        if self.pipe is not None:
+            pipe = self.pipe
+            return ShardedLayout(state=lambda: pipe.checkpoint_state(optimizer),
+                                 load=lambda state: pipe.load_checkpoint_state(optimizer, state),
+                                 full=pipe.full_state_dict)
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from disttrain.distributed.tensor_parallel import dcp_view, full_state_dict
+
+        model = self.model
+        held: dict[str, Any] = {}
+
+        def state() -> dict[str, Any]:
+            msd, osd = get_state_dict(model, optimizer)
+            held["state"] = {"model": msd, "optimizer": osd}
+            return dcp_view(held["state"])   # views: loading the view fills held["state"]
+
+        def load(_: dict[str, Any]) -> None:
+            set_state_dict(model, optimizer, model_state_dict=held["state"]["model"],
+                           optim_state_dict=held["state"]["optimizer"])
+
+        return ShardedLayout(state=state, load=load, full=lambda: full_state_dict(model))
+
+    def check_in_sync(self) -> SyncReport:
+        """Each tensor compared among the ranks that hold the same copy of it."""
+        if self.pipe is None:
+            return check_copies_in_sync(dtensor_copies(self.model, "state"))
+        from disttrain.distributed.pipeline import _used_params
+
+        used = _used_params(self.model)
+        canonical = {a: aliases[0] for aliases in self.pipe.tied for a in aliases}
+        items = [(canonical.get(n, n), p.detach()) for n, p in self.model.named_parameters()
+                 if n in used]
+        items += [(n, b) for n, b in self.model.named_buffers()]
+        return check_copies_in_sync(items)
+
+
+class PipelineEvaluator(Evaluator):
+    """Evaluation through the stages: each stage runs its part of a plain forward and
+    sends the activation on; the last stage scores, then shares the sums with the other
+    stages. The traced stages take micro-batches of `mp.rows` rows only (their shapes are
+    fixed by the trace), so each eval batch goes through in pieces of that size, the last
+    piece padded with copies of its first row that are not scored."""
+
+    mp: ModelParallel
+
+    @torch.no_grad()
+    def run(self, model: nn.Module, step: int) -> dict[str, float]:
+        if not self.enabled:
+            return {}
+        pipe = self.mp.pipe
+        assert pipe is not None and self.task.loss_fn is not None
+        heartbeat.beat(step, "eval")
+        was_training = model.training
+        model.eval()
+        ranks = _ranks(pipe.group)
+        first, last = pipe.stage_index == 0, pipe.is_last
+        sums = torch.zeros(2 * len(self.names), dtype=torch.float64, device=self.rt.device)
+        rows = self.mp.rows
+        for batch, real in self._batches():
+            xs, ys = to_device(batch, self.rt.device)
+            for start in range(0, batch_size_of(batch), rows):
+                x, y = xs[start:start + rows], ys[start:start + rows]
+                n = len(x)
+                if n < rows:   # pad to the traced shape; the copies are not scored
+                    x = torch.cat([x, x[:1].expand(rows - n, *x.shape[1:])])
+                h = x if first else _recv(ranks[pipe.stage_index - 1], pipe.group, self.rt.device)
+                with self.precision.autocast():
+                    h = _single(model(h))
+                if not last:
+                    _send(h, ranks[pipe.stage_index + 1], pipe.group)
+                    continue
+                if not real:
+                    continue
+                h = h[:n]
+                sums[0] += self.task.loss_fn(h, y).detach().double() * n
+                sums[1] += n
+                for i, fn in enumerate(self.task.metrics.values(), start=1):
+                    total, count = fn(h, (x[:n], y))
+                    sums[2 * i] += float(total)
+                    sums[2 * i + 1] += float(count)
+        dist.broadcast(sums, src=ranks[-1], group=pipe.group)
+        if self.data_world > 1:
+            dist.all_reduce(sums, group=self.reduce_group)
+        model.train(was_training)
+        values = sums.tolist()
+        return {name: (values[2 * i] / values[2 * i + 1] if values[2 * i + 1] else float("nan"))
+                for i, name in enumerate(self.names)}
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _ranks(group: Any) -> list[int]:
+    return dist.get_process_group_ranks(group)
+
+
+def _dp_group(mesh: DeviceMesh) -> Any:
+    """The process group of this rank's data-parallel peers (None with one data slice)."""
+    if mesh["dp_shard"].size() * mesh["dp_replicate"].size() == 1:
+        return None
+    if mesh["dp_replicate"].size() == 1:
+        return mesh["dp_shard"].get_group()
+    return mesh["dp_replicate", "dp_shard"]._flatten().get_group()
+
+
+def _example_input(task: TrainTask, rows: int, device: torch.device) -> torch.Tensor:
+    """One micro-batch of inputs for tracing the stages: the first sample, `rows` times."""
+    collate: Callable[[list[Any]], Any] = task.collate_fn or default_collate
+    batch = collate([task.train_data[0]] * rows)
+    if not (isinstance(batch, (list, tuple)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)):
+        raise TaskError("pipeline parallel needs (input tensor, target) batches to trace the stages")
+    return batch[0].to(device)
+
+
+def _single(out: Any) -> torch.Tensor:
+    if isinstance(out, (tuple, list)) and len(out) == 1:
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise StrategyError("pipeline parallel evaluation passes one tensor between stages; "
+                            f"a stage returned {type(out).__name__}")
+    return out
+
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
+
+
+def _send(t: torch.Tensor, dst: int, group: Any) -> None:
+    """Shape and dtype first (a fixed-size header), then the tensor."""
+    if t.dtype not in _DTYPES or t.ndim > 6:
+        raise StrategyError(f"pipeline evaluation: cannot pass a {t.dtype} tensor of {t.ndim} dims")
+    head = torch.zeros(8, dtype=torch.int64)
+    head[0], head[1] = t.ndim, _DTYPES.index(t.dtype)
+    head[2:2 + t.ndim] = torch.tensor(t.shape)
+    dist.send(head.to(t.device), dst=dst, group=group)
+    dist.send(t.contiguous(), dst=dst, group=group)
+
+
+def _recv(src: int, group: Any, device: torch.device) -> torch.Tensor:
+    head = torch.zeros(8, dtype=torch.int64, device=device)
+    dist.recv(head, src=src, group=group)
+    ndim, code = int(head[0]), int(head[1])
+    t = torch.empty(tuple(int(v) for v in head[2:2 + ndim]), dtype=_DTYPES[code], device=device)
+    dist.recv(t, src=src, group=group)
+    return t
