@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from disttrain.plan.trace import Knobs, trace_memory
+from tests.plan.measure import TOLERANCE
 from tests.plan.tasks import TASKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -22,13 +23,11 @@ BATCH = {"simplenet": 256, "chargpt": 16, "gpt2": 16, "dict": 64}
 STRATEGIES = ("ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16")
 CKPT = (False, True)
-TOLERANCE = 0.10
-# Both ways, for every strategy. A real FSDP run on gloo used to move from run to run (up to
-# 1.23x the plan): gloo's worker thread, not FSDP, freed a finished all-gather's buffers,
-# whenever it next got the GIL. `wrap_fsdp` now waits for the worker to let go of each
-# collective (`retire_gloo_collectives`), as NCCL frees them in `wait()`, so the run holds
-# what FSDP keeps: the figure the plan traces.
-FSDP_LATE_FREE = TOLERANCE   # the name other plan tests import (test_lora_plan.py): now 10 %
+# TOLERANCE (tests/plan/measure.py) holds both ways, for every strategy. A real FSDP run on
+# gloo used to move from run to run (up to 1.23x the plan): gloo's worker thread, not FSDP,
+# freed a finished all-gather's buffers, whenever it next got the GIL. `wrap_fsdp` now waits
+# for the worker to let go of each collective (`retire_gloo_collectives`), as NCCL frees
+# them in `wait()`, so the run holds what FSDP keeps: the figure the plan traces.
 
 
 def _tasks() -> list[str]:
@@ -48,14 +47,9 @@ def _configs() -> list[tuple[str, str, str, bool, int]]:
 
 def _measure(configs: list[tuple[str, str, str, bool, int]], run_root: str) -> dict[str, int]:
     """On each real rank: every configuration's tracked tensor peak over two steps."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from disttrain.spec.job import JobSpec
     from disttrain.testing import setup_for_test
-    from disttrain.train.batch import to_device
-    from disttrain.train.build import build_trainer
-    from disttrain.train.memory import MemoryProbe
-    from disttrain.train.steps import run_step
+    from tests.plan.measure import tracked_two_steps
 
     peaks: dict[str, int] = {}
     with setup_for_test() as rt:
@@ -64,24 +58,8 @@ def _measure(configs: list[tuple[str, str, str, bool, int]], run_root: str) -> d
                 "strategy": strategy, "precision": precision, "grad_ckpt": ckpt,
                 "batch_size": batch, "epochs": 1, "checkpoint_every_epochs": 0,
                 "run_dir": f"{run_root}/{i}"})
-            trainer = build_trainer(spec, rt, TASKS[name]())
-            model, opt, amp = trainer.model, trainer.optimizer, trainer.precision
-            probe = MemoryProbe(model, opt, rt.device)
-            batches = iter(trainer.loader)
-            for step in (1, 2):
-                data = to_device(next(batches), rt.device)
-                probe.before_micro(data)
-                with amp.autocast():
-                    loss, _ = run_step(trainer.task, model, data)
-                amp.backward(loss)
-                del loss
-                amp.step(opt)
-                opt.zero_grad(set_to_none=not isinstance(model, DDP))
-                probe.after_step(step)
-            peaks[_key(name, strategy, precision, ckpt, batch)] = probe.fields()["tensor_peak_bytes"]
-            if trainer.writer is not None:
-                trainer.writer.close()
-            del trainer, model, opt
+            fields, _ = tracked_two_steps(spec, rt, TASKS[name]())
+            peaks[_key(name, strategy, precision, ckpt, batch)] = fields["tensor_peak_bytes"]
     return peaks
 
 

@@ -21,6 +21,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from disttrain.plan.trace import Knobs, trace_memory
+from tests.plan.measure import TOLERANCE  # both ways, as test_accuracy.py holds every strategy
 from tests.recipes import hf_fixtures as fx
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -29,7 +30,6 @@ SEQ = 32
 BATCH = 8
 HIDDEN = 64
 LORA = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
-TOLERANCE = 0.10   # both ways, as tests/plan/test_accuracy.py holds every strategy
 # (arch, strategy, precision, lora)
 CONFIGS = [("gpt2", "ddp", "fp32", LORA), ("llama", "ddp", "fp32", LORA),
            ("llama", "ddp", "bf16", LORA), ("llama", "ddp", "fp32", False),
@@ -49,14 +49,9 @@ def _measure(root: Path) -> dict[str, dict[str, Any]]:
     """On each real rank: each configuration's tracked tensor peak over two optimizer steps,
     the run's own build (`build_trainer`: the recipe's load-once, the strategy, the
     optimizer over the trainable parameters) and the Trainer's MemoryProbe."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from disttrain.spec.job import JobSpec
     from disttrain.testing import setup_for_test
-    from disttrain.train.batch import to_device
-    from disttrain.train.build import build_trainer
-    from disttrain.train.memory import MemoryProbe
-    from disttrain.train.steps import run_step
+    from tests.plan.measure import tracked_two_steps
 
     out: dict[str, dict[str, Any]] = {}
     with setup_for_test() as rt:
@@ -66,38 +61,16 @@ def _measure(root: Path) -> dict[str, dict[str, Any]]:
                  "task_args": _task_args(root, arch, lora)},
                 {"strategy": strategy, "precision": precision, "batch_size": BATCH, "epochs": 1,
                  "checkpoint_every_epochs": 0, "run_dir": str(root / "runs" / str(i))})
-            trainer = build_trainer(spec, rt)
-            model, opt, amp = trainer.model, trainer.optimizer, trainer.precision
-            probe = MemoryProbe(model, opt, rt.device)
-            batches = iter(trainer.loader)
-            for step in (1, 2):
-                data = to_device(next(batches), rt.device)
-                probe.before_micro(data)
-                with amp.autocast():
-                    loss, _ = run_step(trainer.task, model, data)
-                amp.backward(loss)
-                del loss
-                amp.step(opt)
-                opt.zero_grad(set_to_none=not isinstance(model, DDP))
-                probe.after_step(step)
-            fields = probe.fields()
+            fields, trainable = tracked_two_steps(spec, rt)
             out[_key(arch, strategy, precision, lora)] = {
                 "source": fields["memory_source"], "peak": fields["tensor_peak_bytes"],
-                "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
-            if trainer.writer is not None:
-                trainer.writer.close()
-            del trainer, model, opt
+                "trainable": trainable}
     return out
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("lora-plan")
-    docs = fx.corpus()
-    fx.write_jsonl(path / "train.jsonl", docs)
-    for arch in fx.ARCHS:
-        fx.make_model_dir(path, arch, hidden=HIDDEN, docs=docs)
-    return path
+    return fx.make_job_root(tmp_path_factory.mktemp("lora-plan"), hidden=HIDDEN)
 
 
 @pytest.fixture(scope="module")

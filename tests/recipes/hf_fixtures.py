@@ -75,3 +75,13 @@ def make_model_dir(root: Path, arch: str, hidden: int = 32, layers: int = 2, voc
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def make_job_root(root: Path, hidden: int = 32) -> Path:
+    """A fine-tuning job's inputs under root: train.jsonl and one model directory per
+    architecture in ARCHS, all from one corpus (so the tokenizers match the data)."""
+    docs = corpus()
+    write_jsonl(root / "train.jsonl", docs)
+    for arch in ARCHS:
+        make_model_dir(root, arch, hidden=hidden, docs=docs)
+    return root

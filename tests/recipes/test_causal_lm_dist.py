@@ -83,12 +83,7 @@ def _killed(root: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("finetune")
-    docs = fx.corpus()
-    fx.write_jsonl(path / "train.jsonl", docs)
-    for arch in fx.ARCHS:
-        fx.make_model_dir(path, arch, docs=docs)
-    return path
+    return fx.make_job_root(tmp_path_factory.mktemp("finetune"))
 
 
 @pytest.fixture(scope="module")

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from disttrain import envvars
@@ -239,16 +242,12 @@ def retire_gloo_collectives(model: nn.Module) -> bool:
     class RetiredAllGather(DefaultAllGather):  # type: ignore[misc, valid-type]
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                      group: Any, async_op: bool = False) -> Any:
-            import torch.distributed as dist
-
             return _retired(lambda view: dist.all_gather_single(
                 output_tensor, view, group=group, async_op=True), input_tensor, async_op)
 
     class RetiredReduceScatter(DefaultReduceScatter):  # type: ignore[misc, valid-type]
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                      group: Any, op: Any, async_op: bool = False) -> Any:
-            import torch.distributed as dist
-
             return _retired(lambda view: dist.reduce_scatter_single(
                 output=output_tensor, input=view, group=group, op=op, async_op=True),
                 input_tensor, async_op)
@@ -265,9 +264,6 @@ RETIRE_WAIT_S = 10.0   # a worker that holds a finished work longer is left to f
 def _retired(issue: Any, input_tensor: torch.Tensor, async_op: bool) -> Any:
     """Issue a collective on a view of `input_tensor`; wait for it and for gloo's worker to
     destroy the work (see `retire_gloo_collectives`). An async caller gets a finished work."""
-    import time
-    import weakref
-
     view = input_tensor.view(input_tensor.shape)
     alive = weakref.ref(view)
     work = issue(view)

@@ -35,12 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from disttrain.distributed.tp_plans import gpt2_plan
+from disttrain.distributed.tp_plans import FusedColwiseParallel, gpt2_plan
 from disttrain.errors import StrategyError
 
 __all__ = ["FusedColwiseParallel", "TPPlan", "apply_tp", "chargpt_plan", "check_heads", "dcp_view",
@@ -49,41 +49,6 @@ __all__ = ["FusedColwiseParallel", "TPPlan", "apply_tp", "chargpt_plan", "check_
 TPPlan = Mapping[str, ParallelStyle] | Callable[[nn.Module, DeviceMesh], None]
 # attributes that hold a head count (chargpt's Block, HF configs and attention modules)
 HEAD_ATTRS = ("heads", "n_head", "num_heads", "num_attention_heads", "num_key_value_heads")
-
-
-class FusedColwiseParallel(ColwiseParallel):
-    """ColwiseParallel for a Linear whose output is `parts` projections side by side
-    (q, k, v in one `qkv` Linear): each rank gets its slice of every part, so its local
-    output is `[q_r, k_r, v_r]` and `.chunk(parts, -1)` gives whole heads. A plain Shard(0)
-    would hand rank 0 all of q and half of k. The weight is a DTensor with torch's strided
-    placement (`_StridedShard(0, split_factor=parts)`, what FSDP2 x TP uses), so
-    `full_tensor()` and the optimizer see the true layout."""
-
-    def __init__(self, parts: int = 3, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.parts = parts
-
-    @staticmethod
-    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module,
-                           outputs: DTensor, device_mesh: DeviceMesh) -> Any:
-        # keep the strided layout: ColwiseParallel's would redistribute it to a plain
-        # Shard(-1), which moves the rows back to "all of q, then half of k"
-        return outputs.to_local() if use_local_output else outputs
-
-    def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
-        size, rank = device_mesh.size(), device_mesh.get_local_rank()
-        for pname, param in list(module.named_parameters(recurse=False)):
-            # rank 0's values on every rank (the broadcast distribute_tensor does too)
-            full = distribute_tensor(param.detach(), device_mesh, [Replicate()]).to_local()
-            if full.shape[0] % (self.parts * size):
-                raise StrategyError(f"tensor parallel: {name}.{pname} has {full.shape[0]} output rows, "
-                                f"not divisible into {self.parts} parts x tp={size}")
-            rows = full.shape[0] // (self.parts * size)
-            local = full.view(self.parts, size, rows, *full.shape[1:])[:, rank].reshape(
-                self.parts * rows, *full.shape[1:]).contiguous()
-            shard = DTensor.from_local(local, device_mesh, [_StridedShard(0, split_factor=self.parts)],
-                                       run_check=False, shape=full.shape, stride=full.stride())
-            module.register_parameter(pname, nn.Parameter(shard, requires_grad=param.requires_grad))
 
 
 def chargpt_plan(model: nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -45,8 +45,15 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from disttrain.errors import StrategyError
 
-__all__ = ["GPT2_BLOCKS", "Conv1DColwiseParallel", "Conv1DRowwiseParallel", "gpt2_plan",
-           "gpt2_sequence_parallel_plan", "is_conv1d"]
+__all__ = [
+    "GPT2_BLOCKS",
+    "Conv1DColwiseParallel",
+    "Conv1DRowwiseParallel",
+    "FusedColwiseParallel",
+    "gpt2_plan",
+    "gpt2_sequence_parallel_plan",
+    "is_conv1d",
+]
 
 GPT2_BLOCKS = "transformer.h.*"
 
@@ -77,21 +84,38 @@ def _strided(param: nn.Parameter, dim: int, parts: int, mesh: DeviceMesh, where:
     return nn.Parameter(shard, requires_grad=param.requires_grad)
 
 
-class Conv1DColwiseParallel(ColwiseParallel):
-    """ColwiseParallel for a Conv1D: output features are weight dim 1 and bias dim 0.
-    `parts` > 1: the output is that many projections side by side (GPT2's c_attn = q|k|v),
-    each split over the ranks (see module docstring)."""
+class FusedColwiseParallel(ColwiseParallel):
+    """ColwiseParallel for a Linear whose output is `parts` projections side by side
+    (q, k, v in one `qkv` Linear): each rank gets its slice of every part, so its local
+    output is `[q_r, k_r, v_r]` and `.chunk(parts, -1)` gives whole heads. A plain Shard(0)
+    would hand rank 0 all of q and half of k. The weight is a DTensor with torch's strided
+    placement (`_StridedShard(0, split_factor=parts)`, what FSDP2 x TP uses), so
+    `full_tensor()` and the optimizer see the true layout."""
 
-    def __init__(self, parts: int = 1, **kwargs: Any):
+    def __init__(self, parts: int = 3, **kwargs: Any):
         super().__init__(**kwargs)
         self.parts = parts
 
     @staticmethod
     def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module,
                            outputs: DTensor, device_mesh: DeviceMesh) -> Any:
-        # the local output is already [part0_r, part1_r, ...] (or the plain shard): keep it;
-        # a redistribute to Shard(-1) would reorder a strided one
+        # keep the strided layout: ColwiseParallel's would redistribute it to a plain
+        # Shard(-1), which moves the rows back to "all of q, then half of k"
         return outputs.to_local() if use_local_output else outputs
+
+    def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
+        for pname, param in list(module.named_parameters(recurse=False)):
+            module.register_parameter(pname, _strided(param, 0, self.parts, device_mesh,
+                                                      f"{name}.{pname}"))
+
+
+class Conv1DColwiseParallel(FusedColwiseParallel):
+    """ColwiseParallel for a Conv1D: output features are weight dim 1 and bias dim 0.
+    `parts` > 1: the output is that many projections side by side (GPT2's c_attn = q|k|v),
+    each split over the ranks (see module docstring)."""
+
+    def __init__(self, parts: int = 1, **kwargs: Any):
+        super().__init__(parts, **kwargs)
 
     def _partition_conv1d_fn(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
         for pname, dim in (("weight", 1), ("bias", 0)):

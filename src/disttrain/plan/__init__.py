@@ -11,7 +11,20 @@ apply make), `mesh_fit` (tp divides the heads, pp <= the blocks, before launch),
 time). docs/memory.md.
 """
 
-from disttrain.plan.job import MemoryPlan, knobs_of, plan_job, plan_task
-from disttrain.plan.trace import Knobs, TensorPeak
 
-__all__ = ["Knobs", "MemoryPlan", "TensorPeak", "knobs_of", "plan_job", "plan_task"]
+from importlib import import_module
+from typing import Any
+
+# Exported lazily (PEP 562): `job` and `trace` import torch, and the package's light
+# modules (`mesh_fit`, `gate`, `feedback`) are imported by CLI paths that must not pay for
+# it (`disttrain run` of every task, `k8s render`, `disttrain report`).
+_EXPORTS = {"Knobs": "trace", "TensorPeak": "trace", "MemoryPlan": "job", "knobs_of": "job",
+            "plan_job": "job", "plan_task": "job"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
