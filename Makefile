@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
+# make test: pytest-xdist workers, one test file at a time each (module fixtures stay one
+# run per file), the longest files first (tests/conftest.py LONGEST_FIRST)
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test fuzz lint install install-test bench clean
 
@@ -31,7 +34,7 @@ run: install
 ## make test: set up and run the whole suite (multi-process tests included)
 test: install-test
 	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## make fuzz: the property tests with new random inputs and 10x the examples, for exploring
 ## (make test runs a fixed set); keep an input it finds as an @example of its test

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -23,6 +24,39 @@ settings.load_profile("ci")
 # set by torch itself on first use of dynamo/inductor, not by the code under test
 IGNORED_ENV = {"PYTEST_CURRENT_TEST", "OMP_NUM_THREADS", "DISTTRAIN_T0", "TORCHINDUCTOR_CACHE_DIR"}
 DISTTRAIN = [sys.executable, "-m", "disttrain.cli.main"]
+
+
+# `make test` runs the suite on two pytest-xdist workers, a file at a time (`--dist loadfile
+# --no-loadscope-reorder`): these files take the longest (the measured order, longest
+# first), so they start first and the two workers end together instead of one waiting on
+# the other's last long file. A file missing here only runs later; nothing else depends on it.
+LONGEST_FIRST = (
+    "tests/resilience/test_resilience.py",
+    "tests/distributed/test_parallel_trainer.py",
+    "tests/resilience/test_hosts.py",
+    "tests/cli/test_run_cli.py",
+    "tests/train/test_task_trainer.py",
+    "tests/examples/test_chargpt_run.py",
+    "tests/cli/test_run_task.py",
+    "tests/k8s/test_gang_local.py",
+    "tests/cli/test_run_script_watch.py",
+    "tests/plan/test_accuracy.py",
+    "tests/resilience/test_preemption.py",
+    "tests/train/test_checkpoint_storage.py",
+    "tests/recipes/test_causal_lm_dist.py",
+    "tests/bench/test_bench.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files of LONGEST_FIRST first, in its order; the rest as collected."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = Path(str(item.path)).relative_to(ROOT).as_posix() if item.path else ""
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)   # stable: the order within a file, and among the rest, is kept
 
 
 @pytest.fixture(autouse=True)
@@ -63,18 +97,37 @@ REFERENCE_JOB = (*DIGITS_JOB, "--epochs", "2")
 REFERENCE_STEPS = 46
 
 
+def _made_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Path]) -> Path:
+    """`make(cwd)`'s run dir, made once for the whole session: under pytest-xdist the
+    workers share one (the first makes it under a file lock in their common temp folder,
+    the others wait for it and read it) rather than each training the same job again."""
+    from filelock import FileLock
+
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent        # pytest-of-USER/pytest-N: shared by this run's workers
+    cwd, done = base / f"shared-{name}", base / f"shared-{name}.done"
+    with FileLock(str(base / f"shared-{name}.lock"), timeout=600):
+        if not done.exists():
+            cwd.mkdir(exist_ok=True)
+            done.write_text(str(make(cwd)))
+    return Path(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def digits_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run dir of REFERENCE_JOB that nothing disturbed, made once per session.
     Read it (summary.json's params_sha256, its checkpoints); copy it before changing anything."""
     import json
 
-    cwd = tmp_path_factory.mktemp("digits-reference")
-    res = run_cli(*REFERENCE_JOB, "--run-dir", "ref", cwd=cwd)
-    assert res.returncode == 0, res.stderr[-3000:]
-    summary = json.loads((cwd / "ref" / "summary.json").read_text())
-    assert summary["steps"] == REFERENCE_STEPS and summary["params_in_sync"] is True
-    return cwd / "ref"
+    def make(cwd: Path) -> Path:
+        res = run_cli(*REFERENCE_JOB, "--run-dir", "ref", cwd=cwd)
+        assert res.returncode == 0, res.stderr[-3000:]
+        summary = json.loads((cwd / "ref" / "summary.json").read_text())
+        assert summary["steps"] == REFERENCE_STEPS and summary["params_in_sync"] is True
+        return cwd / "ref"
+
+    return _made_once(tmp_path_factory, "digits-reference", make)
 
 
 PART_STEPS = 30
@@ -87,11 +140,13 @@ def digits_part(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Never change it: take a `copy_run` of it."""
     import json
 
-    cwd = tmp_path_factory.mktemp("digits-part")
-    res = run_cli(*REFERENCE_JOB, "--max-steps", str(PART_STEPS), "--run-dir", "part", cwd=cwd)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads((cwd / "part" / "summary.json").read_text())["steps"] == PART_STEPS
-    return cwd / "part"
+    def make(cwd: Path) -> Path:
+        res = run_cli(*REFERENCE_JOB, "--max-steps", str(PART_STEPS), "--run-dir", "part", cwd=cwd)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert json.loads((cwd / "part" / "summary.json").read_text())["steps"] == PART_STEPS
+        return cwd / "part"
+
+    return _made_once(tmp_path_factory, "digits-part", make)
 
 
 def copy_run(src: Path, dst: Path) -> Path:

@@ -1,10 +1,10 @@
 """Tensor and pipeline parallel (issue 26): the parallelism degrees, the mesh, the plans and
-cuts, and chargpt trained with tp=2 and with pp=2 (gpipe, 1f1b) on two gloo ranks against
-one process (one reference run for all of them).
+cuts, a Hugging Face Llama under tp=2 against one process, and the sync check on DTensor
+shards.
 
-The equivalence runs here use the library's pieces (the task from its reference, `make_model`,
-`build_optimizer`, `run_step`) in a plain loop; the same through `disttrain run` (the
-Trainer) is tests/distributed/test_parallel_trainer.py.
+chargpt under tp=2 and pp=2 (gpipe, 1f1b) against one process, and killed-and-resumed, is
+proved through the product (`disttrain run`, the Trainer) in
+tests/distributed/test_parallel_trainer.py; GPT2's plan in tests/distributed/test_tp_gpt2.py.
 """
 
 from __future__ import annotations
@@ -21,15 +21,10 @@ from disttrain.spec.job import JobSpec
 from disttrain.spec.parallelism import Degrees, ParallelismSpec, resolve_degrees
 from disttrain.testing import run_ranks, setup_for_test
 
-# a tiny chargpt: 2 blocks of 4 heads, 16-character windows
 TASK = "disttrain.examples.chargpt:make_task"
-TASK_ARGS = {"block": 16, "layers": 2, "width": 32, "heads": 4}
-STEPS, BATCH, SEED, LR = 30, 8, 5, 0.5
-# SGD, not Adam: the key bias's true gradient is 0 (softmax ignores a constant shift), so
-# it holds only rounding noise, which Adam divides by its own size into lr-sized steps that
-# differ between topologies; SGD keeps that noise at its own size.
+SEED = 5
 # fp32 against one process: the rowwise all-reduce adds two partial sums where one process
-# adds one long sum, so values differ in the last bits and Adam carries that on.
+# adds one long sum, so values differ in the last bits.
 RTOL, ATOL = 1e-4, 5e-5
 
 
@@ -81,16 +76,6 @@ def test_a_script_job_refuses_the_parallelism_section():
         JobSpec.from_dict({"script": "train.py", "parallelism": {"tp": 2}})
 
 
-def _assert_params_close(results: dict[int, Any], reference: dict[str, Any]) -> None:
-    """Every rank's gathered full parameters match one process's, name by name."""
-    for rank in (0, 1):
-        params = results[rank]["params"]
-        assert params.keys() == reference["params"].keys()
-        for name, ref in reference["params"].items():
-            torch.testing.assert_close(params[name], ref, rtol=RTOL, atol=ATOL,
-                                       msg=lambda m, name=name: f"{name}: {m}")
-
-
 # -- plans and head counts -------------------------------------------------------------------
 def _tiny_model() -> nn.Module:
     from disttrain.examples.chargpt import CharGPT
@@ -112,103 +97,6 @@ def test_a_model_without_a_known_plan_is_refused_naming_tp_plan():
         tp_plan_for(nn.Sequential(nn.Linear(4, 4)))
     own = {"0": object()}
     assert tp_plan_for(nn.Sequential(nn.Linear(4, 4)), own) is own  # type: ignore[arg-type]
-
-
-# -- equivalence: chargpt tp=2 on 2 gloo ranks vs one process --------------------------------
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    from disttrain.train.task import load_task
-
-    data = load_task(TASK, TASK_ARGS).train_data
-    out = []
-    for s in range(STEPS):
-        xs, ys = zip(*(data[s * BATCH + i] for i in range(BATCH)), strict=True)
-        out.append((torch.stack(xs), torch.stack(ys)))
-    return out
-
-
-def _train(tp: int, ckpt: str | None = None, start: int = 0, stop: int = STEPS) -> dict[str, Any]:
-    """Steps start..stop of the tiny chargpt, tensor parallel over every rank when tp > 1.
-    With `ckpt`: a run from step 0 saves there at `stop` (torch.distributed.checkpoint,
-    model + optimizer), a run from a later step loads it first."""
-    from types import SimpleNamespace
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    from disttrain.distributed.tensor_parallel import apply_tp, dcp_view, full_state_dict
-    from disttrain.train.build import make_model
-    from disttrain.train.optim import build_optimizer
-    from disttrain.train.steps import run_step
-    from disttrain.train.task import load_task
-
-    task = load_task(TASK, TASK_ARGS)
-    rt = setup_for_test() if tp > 1 else SimpleNamespace(distributed=False, world_size=1,
-                                                         device=torch.device("cpu"))
-    try:
-        # a resumed run starts from other weights: only the checkpoint can make it match
-        model = make_model(task, SEED + (start > 0), rt)
-        if tp > 1:
-            from disttrain.distributed.mesh import build_mesh
-
-            mesh = build_mesh(resolve_degrees(ParallelismSpec(tp=tp), rt.world_size), rt)
-            check_heads(model, tp)
-            apply_tp(model, mesh["tp"], tp_plan_for(model, task.tp_plan))
-        opt = build_optimizer("sgd", [p for p in model.parameters() if p.requires_grad], LR)
-        if ckpt and start:
-            model_sd, optim_sd = get_state_dict(model, opt)
-            state = {"model": model_sd, "optim": optim_sd}
-            dcp.load(dcp_view(state), checkpoint_id=ckpt)
-            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        losses = []
-        for batch in _batches()[start:stop]:
-            loss, _ = run_step(task, model, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        if ckpt and not start:
-            model_sd, optim_sd = get_state_dict(model, opt)
-            dcp.save(dcp_view({"model": model_sd, "optim": optim_sd}), checkpoint_id=ckpt)
-        return {"losses": losses, "params": full_state_dict(model)}
-    finally:
-        if tp > 1:
-            rt.shutdown()
-
-
-@pytest.fixture(scope="module")
-def reference() -> dict[str, Any]:
-    torch.set_num_threads(1)
-    return _train(1)
-
-
-@pytest.fixture(scope="module")
-def tp2_run() -> dict[int, Any]:
-    return run_ranks(2, _train, 2, timeout_s=180)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_chargpt_tp2_matches_one_process(reference, tp2_run):
-    results = tp2_run
-    assert reference["losses"][-1] < reference["losses"][0] - 0.5  # it learns something
-    for rank in (0, 1):
-        torch.testing.assert_close(torch.tensor(results[rank]["losses"]),
-                                   torch.tensor(reference["losses"]), rtol=RTOL, atol=ATOL)
-    _assert_params_close(results, reference)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_chargpt_tp2_resumed_from_a_checkpoint_equals_the_uninterrupted_run(tp2_run, tmp_path):
-    """The first ranks stop (their process group destroyed, processes gone) after step 15's
-    checkpoint; new ranks load it and finish: bitwise the uninterrupted tp=2 run (one topology)."""
-    ckpt = str(tmp_path / "dcp-15")
-    run_ranks(2, _train, 2, ckpt, 0, STEPS // 2, timeout_s=180)
-    resumed = run_ranks(2, _train, 2, ckpt, STEPS // 2, STEPS, timeout_s=180)
-    for rank in (0, 1):
-        assert resumed[rank]["losses"] == tp2_run[rank]["losses"][STEPS // 2:]
-        for name, full in tp2_run[rank]["params"].items():
-            assert torch.equal(resumed[rank]["params"][name], full), name
 
 
 # -- a Hugging Face Llama decoder (built from a config: nothing downloaded) ------------------
@@ -266,9 +154,6 @@ def test_hf_llama_tp2_matches_one_process():
 
 
 # -- pipeline parallel -----------------------------------------------------------------------
-MICROBATCHES = 4
-
-
 def test_cuts_balance_parameters_and_too_many_stages_are_refused():
     from disttrain.distributed.pipeline import balanced_cuts
     from disttrain.examples.chargpt import Block, CharGPT
@@ -280,80 +165,6 @@ def test_cuts_balance_parameters_and_too_many_stages_are_refused():
         balanced_cuts(model, Block, 5)
     with pytest.raises(StrategyError, match="fsdp_block"):
         balanced_cuts(model, None, 2)
-
-
-def _lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                             target.reshape(-1))
-
-
-def _train_pp(schedule: str, ckpt: str | None = None, start: int = 0,
-              stop: int = STEPS) -> dict[str, Any]:
-    """The same steps with the model cut into one stage per rank (`ckpt` as in `_train`)."""
-    import torch.distributed.checkpoint as dcp
-
-    from disttrain.distributed.mesh import build_mesh
-    from disttrain.distributed.pipeline import PipelinedModel, balanced_cuts
-    from disttrain.train.build import make_model
-    from disttrain.train.optim import build_optimizer
-    from disttrain.train.task import load_task
-
-    task = load_task(TASK, TASK_ARGS)
-    rt = setup_for_test()
-    try:
-        model = make_model(task, SEED + (start > 0), rt)
-        mesh = build_mesh(resolve_degrees(ParallelismSpec(pp=rt.world_size), rt.world_size), rt)
-        batches = _batches()
-        example = (batches[0][0][:BATCH // MICROBATCHES],)
-        pipe = PipelinedModel.build(model, balanced_cuts(model, task.fsdp_block, rt.world_size),
-                                    example, mesh["pp"], schedule, MICROBATCHES, _lm_loss, rt.device)
-        opt = build_optimizer("sgd", pipe.parameters(), LR)
-        if ckpt and start:
-            state = pipe.checkpoint_state(opt)
-            dcp.load(state, checkpoint_id=ckpt)
-            pipe.load_checkpoint_state(opt, state)
-        losses = []
-        for x, y in batches[start:stop]:
-            opt.zero_grad(set_to_none=True)
-            loss = pipe.step(x, y)
-            pipe.sync_tied_grads()
-            opt.step()
-            losses.append(None if loss is None else loss.item())
-        if ckpt and not start:
-            dcp.save(pipe.checkpoint_state(opt), checkpoint_id=ckpt)
-        return {"losses": losses, "params": pipe.full_state_dict(), "last": pipe.is_last}
-    finally:
-        rt.shutdown()
-
-
-@pytest.fixture(scope="module")
-def pp2_runs() -> dict[str, dict[int, Any]]:
-    return {s: run_ranks(2, _train_pp, s, timeout_s=180) for s in ("gpipe", "1f1b")}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_chargpt_pp2_matches_one_process(reference, pp2_runs, schedule):
-    results = pp2_runs[schedule]
-    assert [results[r]["last"] for r in (0, 1)] == [False, True]
-    torch.testing.assert_close(torch.tensor(results[1]["losses"]),
-                               torch.tensor(reference["losses"]), rtol=RTOL, atol=ATOL)
-    _assert_params_close(results, reference)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_chargpt_pp2_resumed_from_a_checkpoint_equals_the_uninterrupted_run(pp2_runs, tmp_path):
-    """As for tp=2: each stage saves its own part of model and optimizer at step 15."""
-    ckpt = str(tmp_path / "dcp-15")
-    run_ranks(2, _train_pp, "1f1b", ckpt, 0, STEPS // 2, timeout_s=180)
-    resumed = run_ranks(2, _train_pp, "1f1b", ckpt, STEPS // 2, STEPS, timeout_s=180)
-    full = pp2_runs["1f1b"]
-    assert resumed[1]["losses"] == full[1]["losses"][STEPS // 2:]
-    for rank in (0, 1):
-        for name, value in full[rank]["params"].items():
-            assert torch.equal(resumed[rank]["params"][name], value), name
 
 
 # -- the sync check on DTensor shards ---------------------------------------------------------

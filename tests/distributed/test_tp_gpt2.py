@@ -63,10 +63,20 @@ def _plan(mode: str, model: nn.Module) -> Any:
     return gpt2_sequence_parallel_plan(loss_parallel=mode == "loss_parallel")
 
 
-def _train(mode: str) -> dict[str, Any]:
-    """30 SGD steps; `mode`: "one" process, or on the ranks "tp" (the built-in GPT2 plan),
-    "sp" (plus sequence parallel) or "loss_parallel" (plus logits split by vocabulary, the
-    loss under torch's `loss_parallel()`)."""
+def _train_modes(modes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Each of `modes` trained from the same seed on this rank, one after the other in one
+    process group (one spawn and one import of transformers for all of them)."""
+    rt = setup_for_test()
+    try:
+        return {mode: _train(mode, rt) for mode in modes}
+    finally:
+        rt.shutdown()
+
+
+def _train(mode: str, rt: Any = None) -> dict[str, Any]:
+    """30 SGD steps; `mode`: "one" process, or on the ranks of `rt` "tp" (the built-in GPT2
+    plan), "sp" (plus sequence parallel) or "loss_parallel" (plus logits split by vocabulary,
+    the loss under torch's `loss_parallel()`)."""
     import contextlib
     from types import SimpleNamespace
 
@@ -76,40 +86,36 @@ def _train(mode: str) -> dict[str, Any]:
     from disttrain.distributed.tensor_parallel import apply_tp, full_state_dict
 
     tp = 1 if mode == "one" else 2
-    rt = setup_for_test() if tp > 1 else SimpleNamespace(world_size=1)
-    try:
-        torch.manual_seed(SEED)
-        model = _model()
-        shapes: dict[str, tuple[int, ...]] = {}
-        if tp > 1:
-            from disttrain.distributed.mesh import build_mesh
-            from disttrain.spec.parallelism import ParallelismSpec, resolve_degrees
+    rt = rt or SimpleNamespace(world_size=1)
+    torch.manual_seed(SEED)
+    model = _model()
+    shapes: dict[str, tuple[int, ...]] = {}
+    if tp > 1:
+        from disttrain.distributed.mesh import build_mesh
+        from disttrain.spec.parallelism import ParallelismSpec, resolve_degrees
 
-            mesh = build_mesh(resolve_degrees(ParallelismSpec(tp=tp), rt.world_size), rt)
-            check_heads(model, tp)
-            apply_tp(model, mesh["tp"], _plan(mode, model))
-            shapes = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()
-                      if isinstance(p, DTensor)}
-        tied = model.lm_head.weight is model.transformer.wte.weight
-        opt = torch.optim.SGD(model.parameters(), LR)
-        gen = torch.Generator().manual_seed(SEED)
-        losses, logits_local = [], None
-        for _ in range(STEPS):
-            ids = _batch(gen)
-            with loss_parallel() if mode == "loss_parallel" else contextlib.nullcontext():
-                out = model(input_ids=ids, labels=ids)
-                opt.zero_grad(set_to_none=True)
-                out.loss.backward()
-            opt.step()
-            loss = out.loss.full_tensor() if isinstance(out.loss, DTensor) else out.loss
-            losses.append(loss.item())
-            logits = out.logits
-            logits_local = tuple((logits.to_local() if isinstance(logits, DTensor) else logits).shape)
-        return {"losses": losses, "params": full_state_dict(model), "local_shapes": shapes,
-                "tied": tied, "logits_local": logits_local}
-    finally:
-        if tp > 1:
-            rt.shutdown()
+        mesh = build_mesh(resolve_degrees(ParallelismSpec(tp=tp), rt.world_size), rt)
+        check_heads(model, tp)
+        apply_tp(model, mesh["tp"], _plan(mode, model))
+        shapes = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()
+                  if isinstance(p, DTensor)}
+    tied = model.lm_head.weight is model.transformer.wte.weight
+    opt = torch.optim.SGD(model.parameters(), LR)
+    gen = torch.Generator().manual_seed(SEED)
+    losses, logits_local = [], None
+    for _ in range(STEPS):
+        ids = _batch(gen)
+        with loss_parallel() if mode == "loss_parallel" else contextlib.nullcontext():
+            out = model(input_ids=ids, labels=ids)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+        opt.step()
+        loss = out.loss.full_tensor() if isinstance(out.loss, DTensor) else out.loss
+        losses.append(loss.item())
+        logits = out.logits
+        logits_local = tuple((logits.to_local() if isinstance(logits, DTensor) else logits).shape)
+    return {"losses": losses, "params": full_state_dict(model), "local_shapes": shapes,
+            "tied": tied, "logits_local": logits_local}
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +138,20 @@ def _assert_matches(results: dict[int, Any], reference: dict[str, Any]) -> None:
                                        msg=lambda m, name=name: f"{name}: {m}")
 
 
+MODES = ("tp", "sp", "loss_parallel")
+
+
+@pytest.fixture(scope="module")
+def tp2_runs() -> dict[str, dict[int, Any]]:
+    """Every mode on two ranks: {mode: {rank: result}}."""
+    results = run_ranks(2, _train_modes, MODES, timeout_s=400)
+    return {mode: {rank: results[rank][mode] for rank in (0, 1)} for mode in MODES}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_hf_gpt2_tp2_matches_one_process(reference):
-    results = run_ranks(2, _train, "tp", timeout_s=240)
+@pytest.mark.timeout(480)
+def test_hf_gpt2_tp2_matches_one_process(reference, tp2_runs):
+    results = tp2_runs["tp"]
     for rank in (0, 1):
         shapes = results[rank]["local_shapes"]
         # Conv1D weights are (in, out): colwise halves dim 1, rowwise dim 0
@@ -149,10 +165,10 @@ def test_hf_gpt2_tp2_matches_one_process(reference):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 @pytest.mark.parametrize("mode", ["sp", "loss_parallel"])
-def test_hf_gpt2_sequence_and_loss_parallel_match_one_process(reference, mode):
-    results = run_ranks(2, _train, mode, timeout_s=240)
+def test_hf_gpt2_sequence_and_loss_parallel_match_one_process(reference, tp2_runs, mode):
+    results = tp2_runs[mode]
     for rank in (0, 1):
         shapes, result = results[rank]["local_shapes"], results[rank]
         assert shapes["transformer.wte.weight"] == (VOCAB // 2, 32)   # split by vocabulary

@@ -32,7 +32,9 @@ KILL_POINTS = [
     pytest.param("kill:rank=1:step=20", (), id="right-after-checkpoint-20"),
     pytest.param("kill:rank=1:step=23:phase=eval", (), id="in-the-epoch-end-eval"),
     pytest.param("kill:rank=0:step=30:phase=checkpoint", (), id="rank0-in-its-save"),
-    pytest.param(f"kill:rank=1:step={RANDOM_STEP}", (), id=f"random-step-{RANDOM_STEP}"),
+    # the id stays the same in every session (pytest-xdist's workers must collect alike);
+    # the step drawn is in the fault string each failure message shows
+    pytest.param("kill:rank=1:step=RANDOM", (), id="random-step"),
     pytest.param("stop:rank=1:step=33:phase=backward", ("--timeout-s", "6"),
                  id="stalled-then-restarted"),
 ]
@@ -50,6 +52,7 @@ def reference(digits_reference) -> str:
 
 @pytest.mark.parametrize(("fault", "extra"), KILL_POINTS)
 def test_lost_worker_restarts_and_finishes_bitwise_exact(tmp_path, reference, fault, extra):
+    fault = fault.replace("RANDOM", str(RANDOM_STEP))
     res = run_cli(*COMMON, "--run-dir", "run", "--max-restarts", "1", *extra, cwd=tmp_path,
                   env={"DISTTRAIN_FAULT": fault})
     out = res.stdout + res.stderr
