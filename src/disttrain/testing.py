@@ -36,9 +36,13 @@ from disttrain.launch.plan import launch_config
 from disttrain.launch.ports import free_port
 from disttrain.spec.job import LaunchSpec
 
-# What the test ranks' fork server imports once: torch and the rank side, not the
-# built-in job's training modules that `disttrain run`'s warm server loads.
-PRELOAD = ["torch", "torch.distributed", "disttrain.distributed.runtime"]
+# What the test ranks' fork server imports once (it lives as long as the test session, so
+# every later `run_ranks` forks ranks that have these already): torch, torch._dynamo
+# (DDP and every optimizer import it on first use: ~1.1 s a rank otherwise), the rank side
+# and the Trainer's modules, as `disttrain run`'s warm server does
+# (`disttrain.launch.forkserver_preload`).
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
+           "disttrain.distributed.runtime", "disttrain.train.build"]
 
 
 class RanksTimedOut(TimeoutError):
