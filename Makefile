@@ -20,9 +20,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # ~3 s and ~15 MB more (peft + accelerate)
 # tensorboard: so that tests/monitor/test_tensorboard.py reads event files back rather than
 # skips; ~7 s and ~58 MB more
-$(VENV)/.installed-test: $(VENV)/.installed
+# one pip call for the package and its test extras (each call builds the editable package
+# in a fresh isolated build environment: ~30 s here), so it also stands for `install`
+$(VENV)/.installed-test: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[test,hf,peft,tensorboard]'
-	touch $@
+	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
@@ -34,7 +37,7 @@ run: install
 ## make test: set up and run the whole suite (multi-process tests included)
 test: install-test
 	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 ## make fuzz: the property tests with new random inputs and 10x the examples, for exploring
 ## (make test runs a fixed set); keep an input it finds as an @example of its test
