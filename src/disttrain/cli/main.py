@@ -12,8 +12,6 @@ Sub-commands live in their own modules and are imported only when called, so
 from __future__ import annotations
 
 import importlib
-import sys
-from typing import NoReturn
 
 import click
 
@@ -87,35 +85,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def entry() -> NoReturn:
+def entry() -> None:
     """The `disttrain` command (console script and `python -m disttrain.cli.main`): `main`,
-    then `exit_now` with its code."""
-    exit_now(main())
-
-
-def exit_now(code: int) -> NoReturn:
-    """End the process the way the interpreter would, less its teardown of every module:
+    then the end of a normal exit without the interpreter's teardown of every module:
     after `import torch` that teardown alone costs 0.4-0.75 s of CPU (measured here:
     `python -c "import torch"` 2.58 s, with `os._exit(0)` at the end 1.83 s), paid by
     every command and by whoever waits on its output pipe. What a normal exit does that
     matters still happens, in the same order: non-daemon threads are joined, atexit
-    handlers run (logging's flush, multiprocessing's and tempfile's clean-ups), stdio is
-    flushed."""
+    handlers run (logging's flush, multiprocessing's and tempfile's clean-ups), then
+    `resilience.watchdog.exit_now` flushes stdio and ends the process."""
     import atexit
-    import contextlib
-    import os
     import threading
 
+    from disttrain.resilience.watchdog import exit_now
+
+    code = 1
     try:
+        code = main()
         for thread in threading.enumerate():
             if thread is not threading.main_thread() and not thread.daemon:
                 thread.join()
         atexit._run_exitfuncs()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        exit_now(code)
 
 
 def _mark_start() -> None:

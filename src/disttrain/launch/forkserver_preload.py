@@ -19,7 +19,6 @@ server forks anyone.
 """
 
 import atexit
-import contextlib
 import json
 import os
 import sys
@@ -55,6 +54,7 @@ import torch.nn.parallel  # noqa: E402
 
 import disttrain.train.build  # noqa: E402
 import disttrain.worker  # noqa: E402, F401
+from disttrain.resilience.watchdog import exit_now  # noqa: E402
 
 if _warming is not None:
     _warming.join(WARM_TASK_TIMEOUT_S)
@@ -63,20 +63,10 @@ if _warming is not None:
               f"{WARM_TASK_TIMEOUT_S:.0f} s; "
               "workers load their own", file=sys.stderr)
 
-
-def _exit_without_teardown() -> None:
-    """The server's last act: it ends when its launcher does (the launcher closes its
-    pipe), and the interpreter's teardown of torch would then keep it (and so the
-    launcher's stdout and stderr, which it shares) alive for another 0.4-0.7 s
-    (`disttrain.cli.main.exit_now`). The handlers registered before this one (torch's,
-    multiprocessing's) have nothing to do in a process that only forked; those registered
-    after it ran already."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(0)
-
-
-# atexit runs handlers last-registered first: this one, registered after the imports
-# above, runs after anything registered later and before what torch registered
-atexit.register(_exit_without_teardown)
+# The server's last act: it ends when its launcher does (the launcher closes its pipe), and
+# the interpreter's teardown of torch would then keep it (and so the launcher's stdout and
+# stderr, which it shares) alive for another 0.4-0.7 s (`disttrain.cli.main.entry`).
+# atexit runs handlers last-registered first: this one, registered after the imports above,
+# runs after anything registered later and before what torch and multiprocessing
+# registered, which have nothing to do in a process that only forked.
+atexit.register(exit_now, 0)
