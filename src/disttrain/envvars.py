@@ -78,7 +78,8 @@ FSDP_VERSION = _var("DISTTRAIN_FSDP_VERSION", YOU,
                     "`1` forces FSDP1 even where torch has fully_shard (FSDP2)")
 FAULT = _var("DISTTRAIN_FAULT", YOU,
              "testing only: `ACTION:rank=R:step=S[:phase=P][:restart=N]` makes that rank fail "
-             "at that step (docs/resilience.md); `slow-compute:rank=R:factor=F` or "
+             "at that step (docs/resilience.md); several, comma-separated, each for its own "
+             "rank and restart round, chain failures in one job; `slow-compute:rank=R:factor=F` or "
              "`slow-data:rank=R:ms=M` makes it a straggler (docs/performance.md)")
 VERIFY_FAULT = _var("DISTTRAIN_VERIFY_FAULT", YOU,
                     "testing only: `<check>:<rank>[,...]` makes `disttrain verify` fail those "

@@ -129,6 +129,18 @@ def test_fault_parse(text, expected):
     assert Fault.parse(text) == expected
 
 
+def test_a_chain_of_faults_gives_each_rank_and_round_its_own(monkeypatch):
+    chain = "kill:rank=1:step=1,kill:rank=1:step=19:restart=1, stop:rank=0:step=3:restart=1"
+    monkeypatch.setenv("DISTTRAIN_FAULT", chain)
+    assert Fault.from_env(1, 0) == Fault("kill", 1, 1)
+    assert Fault.from_env(1, 1) == Fault("kill", 1, 19, None, 1)
+    assert Fault.from_env(0, 1) == Fault("stop", 0, 3, None, 1)
+    assert Fault.from_env(0, 0) is None and Fault.from_env(1, 2) is None
+    monkeypatch.setenv("DISTTRAIN_FAULT", chain + ",kill:rank=1")
+    with pytest.raises(ValueError, match="expected ACTION:rank=R:step=S"):
+        Fault.from_env(1, 0)   # one malformed fault refuses the whole list
+
+
 @pytest.mark.parametrize("text", ["", "kill", "kill:rank=1", "boom:rank=1:step=2",
                                   "kill:rank=x:step=2", "kill:rank=1:step=2:color=red"])
 def test_fault_parse_rejects_with_usage(text):

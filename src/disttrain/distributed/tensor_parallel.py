@@ -155,18 +155,37 @@ def dcp_view(state: Any) -> Any:
     DCP describes a rank's piece of a tensor as one contiguous block (offsets + sizes), and
     a strided shard is `parts` blocks, so saving it directly fails ("overlapping chunks").
     The parts are views of the local tensors: `dcp.load(dcp_view(state))` loads in place.
+    On a 2-D mesh (FSDP2 x TP) the tp placement is the last one and FSDP shards another dim
+    of a fused weight (`composed.fully_shard_tp`), so each part is `(Shard(1), Shard(0))`;
+    FSDP's own `_StridedShard` on the dp dim of a plain colwise weight is DCP's to handle.
     """
     if not isinstance(state, dict):
         return state
     out: dict[Any, Any] = {}
     for key, value in state.items():
-        strided = [p for p in getattr(value, "placements", ()) if isinstance(p, _StridedShard)]
-        if isinstance(value, DTensor) and strided and value.device_mesh.ndim == 1:
-            parts = strided[0].split_factor
-            mesh, local = value.device_mesh, value.to_local()
-            for i, chunk in enumerate(local.chunk(parts, dim=strided[0].dim)):
-                out[f"{key}.part{i}"] = DTensor.from_local(chunk, mesh, [Shard(strided[0].dim)],
-                                                           run_check=False)
+        placements = list(getattr(value, "placements", ()))
+        last = placements[-1] if placements else None
+        if isinstance(value, DTensor) and isinstance(last, _StridedShard):
+            out.update(_parts(key, value, last))
         else:
             out[key] = dcp_view(value)
     return out
+
+
+def _parts(key: str, value: DTensor, strided: _StridedShard) -> dict[str, DTensor]:
+    """The `split_factor` parts of a DTensor whose innermost placement is `strided`: each a
+    view of the local tensor, sharded evenly where the whole was strided."""
+    dim, parts = strided.dim, strided.split_factor
+    others = [p for p in value.placements[:-1] if isinstance(p, (Shard, _StridedShard)) and p.dim == dim]
+    if others:
+        raise StrategyError(f"checkpoint: {key} is sharded twice along dim {dim} "
+                            f"({value.placements}); a fused tp weight must be sharded by FSDP "
+                            f"along another dim (disttrain.distributed.composed.fully_shard_tp)")
+    shape = list(value.shape)
+    shape[dim] //= parts
+    stride = torch.empty(shape, device="meta").stride()
+    placements = [*value.placements[:-1], Shard(dim)]
+    return {f"{key}.part{i}": DTensor.from_local(chunk, value.device_mesh, placements,
+                                                 run_check=False, shape=torch.Size(shape),
+                                                 stride=stride)
+            for i, chunk in enumerate(value.to_local().chunk(parts, dim=dim))}

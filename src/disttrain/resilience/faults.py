@@ -8,8 +8,11 @@ TESTING ONLY. The variable `envvars.FAULT` (docs/resilience.md) set to
 kill (SIGKILL), stop (SIGSTOP), hang (sleep forever, alive), exit (exit code 3) or raise
 when its heartbeat (`disttrain.resilience.heartbeat`) reaches optimizer step S, in phase P if given
 (forward, backward, optimizer, between steps, checkpoint, eval, finish), during restart
-round N (default 0, so a restarted job runs clean). The variable is read here alone, once
-per process when the heartbeat starts; unset, it costs one `is None` test per beat.
+round N (default 0, so a restarted job runs clean). Several faults, comma-separated, each
+for its own rank and round, put one job through a chain of failures and restarts
+(`kill:rank=1:step=1,kill:rank=1:step=19:restart=1`): each round resumes from what the
+earlier ones left. The variable is read here alone, once per process when the heartbeat
+starts; unset, it costs one `is None` test per beat.
 
 Two slowdowns make a straggler for the step-time breakdown's tests (`train/step_timing.py`,
 docs/performance.md): `slow-compute:rank=R:factor=F` makes rank R's forward + backward take
@@ -89,9 +92,16 @@ class Fault:
         return fault
 
     @classmethod
-    def from_env(cls) -> Fault | None:
+    def from_env(cls, rank: int, restart: int) -> Fault | None:
+        """The fault `envvars.FAULT` gives this rank in this restart round, if any (the
+        variable may list several, comma-separated; the first that matches is the one).
+
+        Raises:
+            ValueError: any listed fault is malformed (`parse`).
+        """
         text = os.environ.get(envvars.FAULT, "")
-        return cls.parse(text) if text else None
+        faults = [cls.parse(part) for part in text.split(",") if part.strip()]
+        return next((f for f in faults if f.rank == rank and f.restart == restart), None)
 
     def fire(self, where: str, flush: Callable[[], None] | None = None) -> None:
         """Do the injected failure now, in this process.
@@ -138,9 +148,8 @@ class Slowdown:
         `timer`; None (nothing installed) otherwise, the rule outside the tests."""
         if not envvars.flag(envvars.FAULT):
             return None
-        fault = Fault.from_env()
-        if (fault is None or not fault.slowdown or fault.rank != rank
-                or fault.restart != envvars.restart_count()):
+        fault = Fault.from_env(rank, envvars.restart_count())
+        if fault is None or not fault.slowdown:
             return None
         slow = cls(fault, timer)
         if fault.action == "slow-compute":

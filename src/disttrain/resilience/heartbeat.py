@@ -187,7 +187,7 @@ def start(rank: int, timeout_s: float, store_address: tuple[str, int] | None = N
     global _current
     stop()
     restart = envvars.restart_count()
-    hb = Heartbeat(rank, restart, _fault_from_env())
+    hb = Heartbeat(rank, restart, _fault_from_env(rank, restart))
     if model is not None:
         hb.attach(model, optimizer)
     if store_address is not None:
@@ -198,14 +198,14 @@ def start(rank: int, timeout_s: float, store_address: tuple[str, int] | None = N
     return hb
 
 
-def _fault_from_env() -> Fault | None:
+def _fault_from_env(rank: int, restart: int) -> Fault | None:
     """The test-only fault to inject, imported only when `envvars.FAULT` is set: a
     training run without it never loads the fault-injection module."""
     if not envvars.flag(envvars.FAULT):
         return None
     from disttrain.resilience.faults import Fault
 
-    return Fault.from_env()
+    return Fault.from_env(rank, restart)
 
 
 def current() -> Heartbeat | None:

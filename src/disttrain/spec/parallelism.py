@@ -10,7 +10,11 @@ The names and the "-1 = the rest" rule follow torchtitan's `ParallelismConfig`
 ../shared/reference/cluster-fit-and-scale.md §4): the product of the degrees must equal the
 world size, and at most one degree may be -1. The default (every degree 1, dp_shard -1)
 is plain data parallel over every rank, which the `train.strategy` (ddp / fsdp) runs, so a
-spec without this section means what it always meant.
+spec without this section means what it always meant. With tp or pp, the ranks left over
+(dp_shard) are data parallel on top, run as the strategy says (`check_supported`):
+
+    disttrain run --example chargpt --nproc-per-node 4 --pp 2                   # pp=2 x dp=2
+    disttrain run --example chargpt --nproc-per-node 4 --tp 2 --strategy fsdp   # FSDP2 x TP
 
 Pure pydantic (the spec package is a leaf): the mesh itself is built from the resolved
 degrees by `disttrain.distributed.mesh.build_mesh`, inside the ranks.
@@ -39,8 +43,10 @@ class ParallelismSpec(StrictModel):
 
     dp_replicate: int = Field(1, ge=-1, description="data-parallel replicas (HSDP's replicate "
                               "dimension); -1 = the ranks left over")
-    dp_shard: int = Field(-1, ge=-1, description="data-parallel shards (-1 = the ranks left over "
-                          "after the other degrees: plain DDP/FSDP over every rank by default)")
+    dp_shard: int = Field(-1, ge=-1, description="data-parallel ranks (-1 = the ranks left over "
+                          "after the other degrees: plain DDP/FSDP over every rank by default; "
+                          "with tp or pp, replicas under ddp, FSDP2 shards of the tp model under "
+                          "fsdp)")
     tp: int = Field(1, ge=-1, description="tensor-parallel degree: each Linear of the task's "
                     "tp plan split over this many ranks (docs/strategies.md)")
     pp: int = Field(1, ge=-1, description="pipeline stages: the model split at its block "
@@ -129,31 +135,50 @@ def resolve_degrees(p: ParallelismSpec, world_size: int) -> Degrees:
 
 
 def check_supported(d: Degrees, strategy: str) -> None:
-    """What this version composes: tp or pp alone (every rank in one model replica, run by
-    the Trainer: disttrain.train.model_parallel), or plain data parallel (the strategy's).
-    Data parallel on top of tp/pp (FSDP2 x TP, PP x DP) is issue 26 item 4, not built yet.
+    """What this version composes (issue 26 item 4), checked before any process starts:
+
+    - plain data parallel (every degree but dp_shard 1): the strategy's (ddp / fsdp / ...);
+    - tp or pp alone over every rank (strategy ddp or none: there is nothing to reduce);
+    - pp x dp (`--pp 2 --nproc-per-node 4`, strategy ddp): each stage replicated over the
+      dp ranks, its gradients averaged over them once per optimizer step
+      (disttrain.distributed.composed.average_grads; why not a DDP wrapper: see there);
+    - fsdp x tp (2-D, `--strategy fsdp --tp 2 --nproc-per-node 4`): `parallelize_module`
+      over mesh["tp"], then FSDP2 `fully_shard` over mesh["dp_shard"] (torchtitan's order);
+    - ddp x tp (`--tp 2 --nproc-per-node 4`, strategy ddp): the tp model replicated over
+      the dp ranks, gradients averaged as under pp x dp.
+
+    The data-parallel degree of a composed run is dp_shard (its default -1 takes the ranks
+    left over); how it runs (replicas or shards) is the strategy's.
 
     Raises:
-        SpecError: tp and pp together, or a data-parallel degree > 1 with tp or pp.
+        SpecError: one line naming the degrees and the fix, for what is not built: tp with
+            pp (3-D: torchtitan builds the stage's tp mesh first; not here yet), a
+            dp_replicate degree > 1 (HSDP over a mesh: use --fsdp-sharding hybrid), fsdp
+            with pp, strategy dp or none over several data-parallel ranks.
     """
     if d.dp_replicate > 1:
         raise SpecError(f"parallelism: {d.describe()}: a dp_replicate degree is not supported yet; "
-                        f"for replicas of FSDP shards use --strategy fsdp --fsdp-sharding hybrid")
+                        f"give the data-parallel ranks to dp_shard (--dp-shard, or leave it -1 = "
+                        f"the rest), or for replicas of FSDP shards use --fsdp-sharding hybrid")
     if d.tp == 1 and d.pp == 1:
         return
     if d.tp > 1 and d.pp > 1:
         raise SpecError(f"parallelism: {d.describe()}: tp and pp together are not supported yet; "
-                        f"use one of them")
-    if d.dp > 1:
-        raise SpecError(f"parallelism: {d.describe()}: data parallel on top of tp/pp "
-                        f"(dp_shard or dp_replicate > 1) is not supported yet; make tp or pp "
-                        f"the whole world size")
-    if strategy in ("fsdp", "dp"):
+                        f"use one of them (each composes with data parallel: the rest of the ranks)")
+    kind = "tp" if d.tp > 1 else "pp"
+    if d.dp == 1 and strategy in ("fsdp", "dp"):
         raise SpecError(f"parallelism: {d.describe()}: strategy {strategy} splits the data over "
-                        f"ranks and with tp/pp over every rank there is no data-parallel rank; "
-                        f"use --strategy ddp (the default) or none with tp/pp")
-    # tp alone or pp alone over every rank: the Trainer builds the mesh and runs it
-    # (disttrain.train.model_parallel)
+                        f"ranks and with {kind} over every rank there is no data-parallel rank; "
+                        f"use --strategy ddp (the default) or none, or leave ranks for dp_shard")
+    if d.dp == 1:
+        return   # tp alone or pp alone over every rank (disttrain.train.model_parallel)
+    if strategy == "fsdp" and kind == "pp":
+        raise SpecError(f"parallelism: {d.describe()}: fsdp with pp is not supported yet; use "
+                        f"--strategy ddp (each stage replicated over the dp_shard={d.dp_shard} ranks)")
+    if strategy not in ("ddp", "fsdp"):
+        raise SpecError(f"parallelism: {d.describe()}: strategy {strategy} with {kind} over "
+                        f"dp_shard={d.dp_shard} data-parallel ranks would never average their "
+                        f"gradients; use --strategy ddp{' or fsdp' if kind == 'tp' else ''}")
 
 
 def check_microbatches(p: ParallelismSpec, batch_size: int) -> None:

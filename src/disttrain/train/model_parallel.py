@@ -24,13 +24,19 @@ What each piece does differently from data parallel, and why:
   DTensor shards (`tensor_parallel.dcp_view`), pp each stage its part; the .pt holds the
   consolidated weights as under FSDP;
 - the end-of-run check compares each tensor among the ranks holding the same copy
-  (`sync_check.check_copies_in_sync`).
+  (`sync_check.check_copies_in_sync`): with data parallel on top, a stage's parameters or
+  a tp shard among its dp replicas;
+- data parallel on top (`_data_parallel`, disttrain.distributed.composed): each data slice
+  (`mesh.data_rank`) is read by one tp group or one pipeline; under ddp the replicas'
+  gradients are averaged over the dp ranks once per optimizer step (`before_optimizer_step`;
+  why not a DDP wrapper: composed.py), under fsdp (tp only) FSDP2 shards the tp model over
+  mesh["dp_shard"] and evaluates in lockstep (its forward is a dp collective).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,7 +51,7 @@ from disttrain.distributed.runtime import Runtime
 from disttrain.distributed.sync_check import SyncReport, check_copies_in_sync, dtensor_copies
 from disttrain.errors import SpecError, StrategyError
 from disttrain.resilience import heartbeat
-from disttrain.spec.job import JobSpec
+from disttrain.spec.job import JobSpec, TrainSpec
 from disttrain.spec.parallelism import Degrees, check_supported, resolve_degrees
 from disttrain.train.batch import batch_size_of, to_device
 from disttrain.train.ckpt_sharded import ShardedLayout
@@ -57,7 +63,7 @@ __all__ = ["ModelParallel", "PipelineEvaluator"]
 
 @dataclass
 class ModelParallel:
-    """The mesh of a tp or pp run and this rank's place in it."""
+    """The mesh of a tp or pp run (data parallel on top or not) and this rank's place in it."""
 
     degrees: Degrees
     mesh: DeviceMesh
@@ -68,10 +74,18 @@ class ModelParallel:
     microbatches: int = 1
     rows: int = 0                 # pp: rows of one micro-batch (the stages are traced for it)
     weight: float = 1.0           # the current micro-batch's share of its accumulation group
+    # data parallel on top (issue 26 item 4): "" none, "ddp" replicas averaging `averaged`'s
+    # gradients over `dp_group`, "fsdp" FSDP2 over mesh["dp_shard"] (which averages all but
+    # `averaged`: the fused biases it leaves alone; disttrain.distributed.composed)
+    dp: str = ""
+    averaged: list[nn.Parameter] = field(default_factory=list)
+    dp_group: Any = None
 
     @property
     def kind(self) -> str:
-        return "pp" if self.pipe is not None else "tp"
+        """The summary's strategy_effective: tp, pp, ddp+tp, fsdp+tp or ddp+pp."""
+        base = "pp" if self.pipe is not None else "tp"
+        return f"{self.dp}+{base}" if self.dp else base
 
     def describe(self) -> str:
         extra = (f", stage {self.pipe.stage_index + 1} of {self.pipe.num_stages}, "
@@ -106,7 +120,10 @@ class ModelParallel:
 
             check_heads(model, degrees.tp)
             apply_tp(model, mesh["tp"], tp_plan_for(model, task.tp_plan))
-            return cls(degrees, mesh, dp_rank, dp_size, model)
+            mp = cls(degrees, mesh, dp_rank, dp_size, model)
+            if degrees.dp > 1:
+                mp._data_parallel(cfg, task, rt)
+            return mp
         if cfg.precision == "fp16":
             raise SpecError("train.precision: fp16's loss scaler is not wired into the pipeline "
                             "schedule; use --precision bf16 or fp32 with --pp")
@@ -134,7 +151,33 @@ class ModelParallel:
                                        (example,), mesh["pp"], p.pp_schedule, p.microbatches,
                                        staged_loss, rt.device, scale_grads=False)
         mp.model = mp.pipe.stage_module
+        if degrees.dp > 1:
+            mp._data_parallel(cfg, task, rt)
         return mp
+
+    def _data_parallel(self, cfg: TrainSpec, task: TrainTask, rt: Runtime) -> None:
+        """Replicate (ddp) or shard (fsdp, tp only) the split model over the dp ranks
+        (`check_supported` has refused the rest).
+
+        Raises:
+            SpecError: --cpu-offload with FSDP2 x TP (its offload policy is not wired in).
+        """
+        self.dp_group = _dp_group(self.mesh)
+        if cfg.strategy == "fsdp":
+            from disttrain.distributed.composed import fully_shard_tp
+
+            if getattr(cfg, "cpu_offload", False):
+                raise SpecError("train.cpu_offload: not wired into FSDP2 x TP yet; drop "
+                                "--cpu-offload with --tp and --strategy fsdp")
+
+            block = task.fsdp_block
+            units = block if isinstance(block, tuple) else ((block,) if block is not None else None)
+            self.dp = "fsdp"
+            self.averaged = fully_shard_tp(self.model, self.mesh["dp_shard"], units,
+                                           gloo=rt.backend == "gloo")
+            return
+        self.dp = "ddp"
+        self.averaged = self.parameters()
 
     def parameters(self) -> list[nn.Parameter]:
         """What this rank's optimizer updates."""
@@ -145,7 +188,9 @@ class ModelParallel:
                   num_workers: int) -> Evaluator:
         """The held-out set split over the data slices, not the ranks."""
         kind = PipelineEvaluator if self.pipe is not None else Evaluator
-        ev = kind(task, rt, precision, batch_size=batch_size, lockstep=False, num_workers=num_workers)
+        # FSDP's forward is a collective over the dp ranks: every one runs as many batches
+        ev = kind(task, rt, precision, batch_size=batch_size, lockstep=self.dp == "fsdp",
+                  num_workers=num_workers)
         ev.data_rank, ev.data_world = self.dp_rank, self.dp_size
         ev.reduce_group = _dp_group(self.mesh)
         if isinstance(ev, PipelineEvaluator):
@@ -173,9 +218,15 @@ class ModelParallel:
         return out
 
     def before_optimizer_step(self) -> None:
-        """pp: the tied weights' copies on different stages get one summed gradient."""
+        """pp: the tied weights' copies on different stages get one summed gradient; with
+        data parallel on top, the replicas' gradients (fsdp: those FSDP leaves alone) are
+        averaged over the dp ranks (after the tied sum: both are linear, either order)."""
         if self.pipe is not None:
             self.pipe.sync_tied_grads()
+        if self.averaged:
+            from disttrain.distributed.composed import average_grads
+
+            average_grads(self.averaged, self.dp_group)
 
     # -- checkpoints and the end-of-run check -------------------------------------------
     def layout(self, optimizer: torch.optim.Optimizer) -> ShardedLayout:

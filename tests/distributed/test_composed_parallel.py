@@ -1,0 +1,259 @@
+"""Data parallel on top of tensor / pipeline parallel through the product (issue 26 item 4):
+`disttrain run --example chargpt --nproc-per-node 4` with `--pp 2` (pp=2 x dp=2, ddp),
+`--strategy fsdp --tp 2` (dp_shard=2 x tp=2, FSDP2 x TP) and `--tp 2` (dp=2 x tp=2, ddp)
+train the same model as one process on the same global batch (8 windows: 4 per data
+slice), killed FSDP2 x TP and pp x dp runs resume to the uninterrupted ones bitwise, and
+tp x pp is refused before anything starts.
+
+Every run is the CLI in a subprocess: a tiny chargpt (2 blocks of 4 heads, 16-character
+windows), 10 SGD steps, a checkpoint every 5 (the step-10 .pt holds the consolidated
+weights: full tensors gathered from the shards, where the fused qkv rows must be in the
+model's order). The six runs start together: each spends most of its wall time starting,
+not computing (~4 s of CPU in 16-25 s of wall time here), so together they take 72-85 s
+where one after another took about 125 s (measured on 2 busy cores).
+Tolerance against one process: rtol 1e-4, atol 5e-5 (fp32; the data-parallel average and
+tp's all-reduces sum in another order; measured: losses within 6e-7, parameters within
+1.7e-6). The logged loss of a step is each data slice's own mean; their mean over the ranks
+(every slice is held by equally many ranks) is the one-process loss of the whole batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import DISTTRAIN, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STEPS = 10
+JOB = ("run", "--example", "chargpt", "--task-args",
+       '{"block": 16, "layers": 2, "width": 32, "heads": 4}',
+       "--max-steps", str(STEPS), "--epochs", "1", "--optimizer", "sgd", "--lr", "0.5",
+       "--log-every-steps", "1", "--checkpoint-every-steps", "5", "--master-port", "0")
+# 4 ranks, 2 data slices of 4 windows: the global batch of one process's 8, the same lr
+SPLIT = ("--nproc-per-node", "4", "--batch-size", "4", "--lr-scaling", "none")
+RTOL, ATOL = 1e-4, 5e-5
+RUNS: dict[str, tuple[str, ...]] = {
+    "one": ("--nproc-per-node", "1", "--batch-size", "8"),
+    "ddp+pp": (*SPLIT, "--pp", "2", "--microbatches", "2"),
+    "fsdp+tp": (*SPLIT, "--strategy", "fsdp", "--tp", "2"),
+    "ddp+tp": (*SPLIT, "--tp", "2"),
+    "fsdp+tp killed": (*SPLIT, "--strategy", "fsdp", "--tp", "2", "--max-restarts", "1"),
+    "ddp+pp killed": (*SPLIT, "--pp", "2", "--microbatches", "2", "--max-restarts", "1"),
+}
+# after the step-5 checkpoint: they resume from it (rank 2 is a last-stage rank under pp)
+FAULTS = {"fsdp+tp killed": "kill:rank=1:step=7", "ddp+pp killed": "kill:rank=2:step=7"}
+
+
+def _start(base: Path, name: str, flags: tuple[str, ...]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("DISTTRAIN_T0", None)
+    if name in FAULTS:
+        env["DISTTRAIN_FAULT"] = FAULTS[name]
+    run_dir = name.replace(" ", "-").replace("+", "-")
+    return subprocess.Popen([*DISTTRAIN, *JOB, *flags, "--run-dir", run_dir], cwd=base, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every run of RUNS, started together; {name: run dir}."""
+    base = tmp_path_factory.mktemp("composed")
+    procs = {name: _start(base, name, flags) for name, flags in RUNS.items()}
+    outs: dict[str, str] = {}
+    try:
+        for name, proc in procs.items():
+            outs[name] = proc.communicate(timeout=600)[0]
+    finally:
+        for proc in procs.values():   # only what this fixture started, on a timeout or error
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for name, proc in procs.items():
+        assert proc.returncode == 0, f"{name}:\n{outs[name][-4000:]}"
+    for name in FAULTS:
+        killed = outs[name]
+        assert "disttrain fault injection" in killed, f"{name}: the fault never fired"
+        assert "resumed from" in killed and "ckpt-00000005" in killed, killed[-4000:]
+    return {name: base / name.replace(" ", "-").replace("+", "-") for name in RUNS}
+
+
+def _losses(run: Path) -> dict[int, dict[int, float]]:
+    """{step: {rank: loss}} of the train rows."""
+    out: dict[int, dict[int, float]] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("split") == "train":
+            out.setdefault(row["step"], {})[row["rank"]] = row["loss"]
+    return out
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    path = run / "checkpoints" / f"ckpt-{STEPS:08d}.pt"
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def _summary(run: Path) -> dict[str, Any]:
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["ddp+pp", "fsdp+tp", "ddp+tp"])
+def test_four_ranks_train_the_same_model_as_one_process(runs, name):
+    one, run = runs["one"], runs[name]
+    reference, got = _losses(one), _losses(run)
+    assert sorted(reference) == list(range(1, STEPS + 1)) == sorted(got)
+    assert reference[STEPS][0] < reference[1][0] - 0.3            # it learns something
+    assert all(sorted(got[s]) == [0, 1, 2, 3] for s in got)        # every rank logs
+    slices = {got[1][r] for r in range(4)}
+    assert len(slices) == 2, "the two data slices read different windows"
+    torch.testing.assert_close(
+        torch.tensor([sum(got[s].values()) / 4 for s in sorted(got)]),
+        torch.tensor([reference[s][0] for s in sorted(reference)]), rtol=RTOL, atol=ATOL)
+    ref_w, got_w = _weights(one), _weights(run)
+    assert got_w.keys() == ref_w.keys()
+    for key, value in ref_w.items():   # full tensors: the fused qkv rows in the model's order
+        torch.testing.assert_close(got_w[key], value, rtol=RTOL, atol=ATOL,
+                                   msg=lambda m, key=key: f"{key}: {m}")
+    summary = _summary(run)
+    torch.testing.assert_close(summary["test_loss"], _summary(one)["test_loss"], rtol=RTOL, atol=ATOL)
+    assert summary["strategy_effective"] == name
+    assert summary["global_batch"] == 8 and summary["lr_effective"] == 0.5
+    # the end-of-run check compared the data-parallel replicas' copies and found them equal
+    assert summary["params_in_sync"] is True
+    assert "held by several ranks compared" in summary["params_check"]
+    if name.startswith("ddp"):   # every stage / tp shard has a dp replica to be compared with
+        assert "held by one rank only" not in summary["params_check"], summary["params_check"]
+
+
+@pytest.mark.parametrize("name", ["fsdp+tp", "ddp+pp"])
+def test_killed_run_resumes_to_the_uninterrupted_parameters(runs, name):
+    """A rank SIGKILLs itself at step 7; torchrun restarts the four, they resume from the
+    step-5 DCP checkpoint (fsdp+tp: 2-D DTensors, FSDP2 shards of tp shards; ddp+pp: each
+    stage's part, written once for its two replicas) and end bitwise equal to the
+    uninterrupted run of the same topology."""
+    run, full = runs[f"{name} killed"], runs[name]
+    got, want = _weights(run), _weights(full)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    assert _summary(run)["params_sha256_per_rank"] == _summary(full)["params_sha256_per_rank"]
+    resumed, uninterrupted = _losses(run), _losses(full)
+    assert set(range(6, STEPS + 1)) <= set(resumed)
+    assert all(resumed[s] == uninterrupted[s] for s in range(6, STEPS + 1))
+    assert list((run / "checkpoints").glob("dcp-*")), "the checkpoints are not DCP folders"
+
+
+def test_tp_with_pp_is_refused_before_anything_starts(tmp_path):
+    res = run_cli(*JOB, "--nproc-per-node", "4", "--tp", "2", "--pp", "2", "--run-dir", "r",
+                  cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "tp and pp together are not supported yet" in lines[0]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("overrides, kind", [
+    ({"pp": 2}, "pp"), ({"tp": 2, "strategy": "fsdp"}, "tp"), ({"tp": 2}, "tp"),
+])
+def test_composed_degrees_are_accepted_with_the_rest_as_data_parallel(overrides, kind):
+    from disttrain.spec.job import JobSpec
+    from disttrain.spec.parallelism import resolve_degrees
+
+    spec = JobSpec.from_dict({"example": "chargpt"}, {"nproc_per_node": 4, **overrides})
+    degrees = resolve_degrees(spec.parallelism, 4)
+    assert (degrees.dp_shard, getattr(degrees, kind)) == (2, 2)
+
+
+# -- the fused q|k|v under FSDP2 x TP, at the library level (one spawn of 4 ranks) -----------
+class Conv1D(nn.Module):
+    """transformers' Conv1D as `tp_plans.is_conv1d` recognises it (weight (nx, nf))."""
+
+    def __init__(self, nf: int, nx: int):
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.randn(nx, nf))
+        self.bias = nn.Parameter(torch.randn(nf))
+
+
+class Projections(nn.Module):
+    """A fused q|k|v Linear, a GPT2-style fused Conv1D and a plain colwise Linear (FSDP2
+    wraps modules with a forward only; this one is never run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.c_attn, self.fc = nn.Linear(8, 24), Conv1D(24, 8), nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def _fused_under_fsdp_tp(folder: str) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from disttrain.distributed.composed import fully_shard_tp
+    from disttrain.distributed.mesh import build_mesh
+    from disttrain.distributed.sync_check import check_copies_in_sync, dtensor_copies
+    from disttrain.distributed.tensor_parallel import dcp_view, full_state_dict
+    from disttrain.distributed.tp_plans import Conv1DColwiseParallel, FusedColwiseParallel
+    from disttrain.spec.parallelism import ParallelismSpec, resolve_degrees
+    from disttrain.testing import setup_for_test
+
+    rt = setup_for_test()
+    try:
+        torch.manual_seed(0)
+        model = Projections()
+        want = {k: v.clone() for k, v in model.state_dict().items()}
+        mesh = build_mesh(resolve_degrees(ParallelismSpec(tp=2), rt.world_size), rt)  # dp_shard=2
+        parallelize_module(model, mesh["tp"], {"qkv": FusedColwiseParallel(),
+                                               "c_attn": Conv1DColwiseParallel(parts=3),
+                                               "fc": ColwiseParallel()})
+        kept = fully_shard_tp(model, mesh["dp_shard"], None, gloo=True)
+        out: dict[str, Any] = {"kept": sorted(n for n, p in model.named_parameters()
+                                              if any(p is k for k in kept))}
+        out["full"] = {k: torch.equal(v, want[k]) for k, v in full_state_dict(model).items()}
+        state = {"model": get_model_state_dict(model)}
+        dcp.save(dcp_view(state), checkpoint_id=folder)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.to_local().zero_()
+        dcp.load(dcp_view(state), checkpoint_id=folder)   # in place, through the views
+        out["reloaded"] = {k: torch.equal(v, want[k]) for k, v in full_state_dict(model).items()}
+        with torch.no_grad():   # dp rank 1's copy of a fused bias drifts: the check names it
+            if mesh.get_local_rank("dp_shard") == 1:
+                model.qkv.bias.to_local().add_(1.0)
+        report = check_copies_in_sync(dtensor_copies(model))
+        out["drift"] = (report.in_sync, report.first_diverged, report.diverged_ranks)
+        return out
+    finally:
+        rt.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_fused_qkv_under_fsdp_tp_gathers_saves_and_checks_in_the_models_row_order(tmp_path):
+    """FSDP2 over tp-strided q|k|v weights (a Linear's and a GPT2 Conv1D's): the full
+    tensors gathered from the 2-D shards are the original ones (FSDP's default dim-0 chunk
+    gave them in the wrong order, with zeros), a DCP save / load round trip restores them,
+    and the fused biases FSDP leaves alone are compared across the dp replicas."""
+    from disttrain.testing import run_ranks
+
+    results = run_ranks(4, _fused_under_fsdp_tp, str(tmp_path / "dcp"), timeout_s=120)
+    for rank, r in results.items():
+        assert r["kept"] == ["c_attn.bias", "qkv.bias"], rank
+        assert r["full"] and all(r["full"].values()), (rank, r["full"])
+        assert all(r["reloaded"].values()), (rank, r["reloaded"])
+        in_sync, first, ranks = r["drift"]
+        # ranks 2 and 3 are dp rank 1 of tp shards 0 and 1: each differs from its dp replica
+        assert not in_sync and first.startswith("qkv.bias@tp=") and ranks == [2, 3], r["drift"]
