@@ -114,9 +114,15 @@ def _pair_task(run_dir: str, fast: bool) -> str:
     return _fit(task, run_dir, num_workers=0 if fast else 1)["params_sha256"]
 
 
+def _both_paths(base: str) -> tuple[str, str]:
+    # one spawn: the two fits run one after the other in the same ranks, each in its own
+    # process group (setup_for_test), as two spawns would (the suite's time, issue 21)
+    return _pair_task(f"{base}/fast", True), _pair_task(f"{base}/slow", False)
+
+
 def test_dataloader_path_trains_exactly_like_the_tensor_path(tmp_path: Path) -> None:
-    fast = run_ranks(2, _pair_task, str(tmp_path / "fast"), True, timeout_s=180)
-    slow = run_ranks(2, _pair_task, str(tmp_path / "slow"), False, timeout_s=180)
+    out = run_ranks(2, _both_paths, str(tmp_path), timeout_s=240)
+    fast, slow = zip(*(out[rank] for rank in (0, 1)), strict=True)
     assert fast[0] == fast[1] == slow[0] == slow[1]
 
 
@@ -127,9 +133,16 @@ def _resumable(run_dir: str, stop_at: int | None, resume: bool) -> str:
                 **extra)["params_sha256"]
 
 
+def _whole_then_stopped(base: str) -> str:
+    """The uninterrupted run, then the run stopped at step 9, in the same ranks (one spawn);
+    the resume runs in fresh processes, so nothing in memory carries over to it."""
+    whole = _resumable(f"{base}/a", None, False)
+    _resumable(f"{base}/b", 9, False)   # 7 steps/epoch
+    return whole
+
+
 def test_resume_in_the_middle_of_an_epoch_is_exact(tmp_path: Path) -> None:
-    whole = run_ranks(2, _resumable, str(tmp_path / "a"), None, False, timeout_s=180)
-    run_ranks(2, _resumable, str(tmp_path / "b"), 9, False, timeout_s=180)   # 7 steps/epoch
+    whole = run_ranks(2, _whole_then_stopped, str(tmp_path), timeout_s=240)
     resumed = run_ranks(2, _resumable, str(tmp_path / "b"), None, True, timeout_s=180)
     assert resumed[0] == resumed[1] == whole[0]
 

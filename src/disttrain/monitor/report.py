@@ -7,7 +7,9 @@
 report.png has three panels: the training loss per rank over the optimizer steps, the
 samples/s per rank over the steps, and each rank's mean step time split into data,
 compute, comm wait, optimizer and other as stacked horizontal bars, the straggler's bar
-labelled in red and its verdict as the figure's subtitle. The per-rank figures come from
+labelled in red and its verdict as the figure's subtitle (under pp each bar says its
+stage, and the table each rank's place in the mesh: train/straggler.py compares a stage's
+ranks with each other only). The per-rank figures come from
 summary.json's `ranks` (whole-run means); a run whose summary predates them falls back to
 the means of its metrics.jsonl rows.
 """
@@ -32,6 +34,7 @@ from disttrain.plan.feedback import feedback_lines, memory_feedback
 from disttrain.rundir import METRICS, REPORT_PNG, SUMMARY, read_metrics
 from disttrain.spec.paths import check_readable_file, shown
 from disttrain.train.phases import PHASE_NAMES, PHASES
+from disttrain.train.straggler import no_verdict, place_label, stage_of
 
 # The same part colours as `disttrain top` (matplotlib's names of rich's colours).
 COLOURS = {"data_ms": "#e6b400", "compute_ms": "#2ca02c", "comm_wait_ms": "#b04fc0",
@@ -141,7 +144,7 @@ def plot_report(rep: Report) -> Path:
     title = f"{rep.run_dir.name}: {rep.summary.get('world_size', len(rep.ranks))} ranks, " \
             f"{rep.summary.get('strategy', '?')}, {rep.summary.get('steps', '?')} steps"
     fig.suptitle(title, fontsize=13, fontweight="bold")
-    verdict = rep.straggler.get("message") if rep.straggler else "no straggler: the ranks kept pace"
+    verdict = rep.straggler.get("message") if rep.straggler else no_verdict(rep.ranks, ended=True)
     fig.text(0.5, 0.905, verdict, ha="center", fontsize=10,
              color="#d62728" if rep.straggler else "#2ca02c")
     fig.tight_layout(rect=(0, 0, 1, 0.9))
@@ -175,7 +178,7 @@ def _breakdown(ax: Any, ranks: list[dict[str, Any]], strag: int | None) -> None:
         widths = [float(r.get(p) or 0.0) for r in timed]
         ax.barh(ys, widths, left=left, color=COLOURS[p], label=PHASE_NAMES[p], height=0.7)
         left = [a + b for a, b in zip(left, widths)]
-    ax.set_yticks(ys, [f"rank {r['rank']}" for r in timed])
+    ax.set_yticks(ys, [_who(r) for r in timed])
     for tick, r in zip(ax.get_yticklabels(), timed):
         if r["rank"] == strag:
             tick.set_color("#d62728")
@@ -201,16 +204,20 @@ def summary_tables(rep: Report) -> Group:
     strag = rep.straggler.get("rank") if rep.straggler else None
     ranks = Table(title="per rank (whole-run means, ms per optimizer step)", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in ("rank", "host", "device", "samples/s", "step", *(SHORT[p] for p in PHASES)):
-        ranks.add_column(name, justify="left" if name in ("host", "device") else "right",
+    places = [place_label(r) for r in rep.ranks]
+    meshed = any(places)   # tp / pp: each rank's place ("stage 2 of 2, dp 1 of 2")
+    for name in ("rank", *(("place",) if meshed else ()), "host", "device", "samples/s", "step",
+                 *(SHORT[p] for p in PHASES)):
+        ranks.add_column(name, justify="left" if name in ("place", "host", "device") else "right",
                          no_wrap=True)
-    for r in rep.ranks:
-        ranks.add_row(str(r["rank"]), str(r.get("host", "-")), str(r.get("device", "-")),
+    for r, place in zip(rep.ranks, places):
+        ranks.add_row(str(r["rank"]), *((place or "-",) if meshed else ()),
+                      str(r.get("host", "-")), str(r.get("device", "-")),
                       fmt_value(r.get("samples_per_s"), ".1f"), fmt_value(r.get("step_ms"), ".1f"),
                       *(fmt_value(r.get(p), ".1f") for p in PHASES),
                       style="bold red" if r["rank"] == strag else None)
     verdict = (Text(str(rep.straggler.get("message")), style="bold red") if rep.straggler
-               else Text("no straggler: the ranks kept pace", style="green"))
+               else Text(no_verdict(rep.ranks, ended=True), style="green"))
     memory = memory_feedback(rep.summary, rep.run_dir)   # measured vs asked (plan/feedback.py)
     lines = [Text(line) for line in feedback_lines(memory)] if memory else []
     if rep.summary.get("script"):   # a user script's run: what it cannot show (monitor/script_live.py)
@@ -218,6 +225,12 @@ def summary_tables(rep: Report) -> Group:
 
         lines.append(Text(SCRIPT_NOTE, style="dim"))
     return Group(run, ranks, verdict, *lines, Text(f"picture: {rep.run_dir / REPORT_PNG}"))
+
+
+def _who(rank: dict[str, Any]) -> str:
+    """A bar's label: "rank 3", under pp "rank 3 · stage 2 of 2" (tp / dp stay in the table)."""
+    stage = stage_of(rank)
+    return f"rank {rank['rank']}" + (f" · stage {stage[0] + 1} of {stage[1]}" if stage else "")
 
 
 def fmt_value(value: Any, fmt: str) -> str:

@@ -3,8 +3,10 @@
     code = watch(Path("runs/main"), Console())             # refresh until the job ends
     watch(Path("runs/main"), Console(record=True), once=True)   # one frame (scripts, tests)
 
-One row per rank: step, loss, samples/s, mean step time and its breakdown as a bar (data,
-compute, comm wait, optimizer, other), and the age of the rank's last write; the
+One row per rank: under tp / pp its place in the mesh ("stage 2 of 2, dp 1 of 2": the
+verdict compares a pipeline stage's ranks with each other only, train/straggler.py),
+step, loss, samples/s, mean step time and its breakdown as a bar (data, compute, comm
+wait, optimizer, other), and the age of the rank's last write; the
 straggler's row is red and its verdict is printed under the table. The frames come from
 `live.read_live`, so this view needs only the files (docs/monitoring.md).
 
@@ -27,6 +29,7 @@ from rich.text import Text
 
 from disttrain.monitor.live import LiveRun, read_live, wait_live
 from disttrain.train.phases import PHASE_NAMES, PHASES
+from disttrain.train.straggler import no_verdict, place_label
 
 BAR_WIDTH = 30
 # What a user script's live files cannot carry (monitor/script_live.py), said under its frame.
@@ -67,15 +70,19 @@ def frame(run: LiveRun, run_dir: Path, bar_width: int = BAR_WIDTH) -> Group:
     """One frame: a header line, the per-rank table, the legend and the verdict."""
     strag = run.straggler.get("rank") if run.straggler else None
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name, justify in (("rank", "right"), ("host", "left"), ("device", "left"),
-                          ("step", "right"), ("loss", "right"), ("samples/s", "right"),
+    places = [place_label(r) for r in run.ranks]
+    meshed = any(places)   # a tp / pp run: where each rank sits
+    for name, justify in (("rank", "right"), *((("place", "left"),) if meshed else ()),
+                          ("host", "left"), ("device", "left"), ("step", "right"),
+                          ("loss", "right"), ("samples/s", "right"),
                           ("step ms", "right"), ("slice MiB", "right"), ("breakdown", "left"),
                           ("age", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
-    for r in run.ranks:
+    for r, place in zip(run.ranks, places):
         age = run.age_s(r)
         state = "done" if r.get("done") else (f"{age:.0f}s" if age is not None else "-")
-        table.add_row(str(r.get("rank")), str(r.get("host", "-")), str(r.get("device", "-")),
+        table.add_row(str(r.get("rank")), *((place or "-",) if meshed else ()),
+                      str(r.get("host", "-")), str(r.get("device", "-")),
                       str(r.get("step", "-")), _num(r.get("loss"), ".4f"),
                       _num(r.get("samples_per_s"), ".1f"), _num(r.get("step_ms"), ".1f"),
                       _num(r.get("slice_used_mib"), ".0f"),   # train/memory.py
@@ -88,7 +95,7 @@ def frame(run: LiveRun, run_dir: Path, bar_width: int = BAR_WIDTH) -> Group:
         parts.append(Text(str(run.straggler.get("message") or
                               f"rank {strag} is the straggler"), style="bold red"))
     elif len(run.ranks) > 1:
-        parts.append(Text("no straggler: the ranks keep pace", style="green"))
+        parts.append(Text(no_verdict(run.ranks), style="green"))
     if run.ranks and all(r.get("script") for r in run.ranks):   # monitor/script_live.py
         parts.append(Text(SCRIPT_NOTE, style="dim"))
     if run.done and not run.ranks:

@@ -22,7 +22,9 @@ where. What it owns:
   `FLUSH_RECORDS` records and at each epoch's end, written as metrics.jsonl train rows
   (`rundir.RunWriter`, which also hands them to TensorBoard: `monitor/tensorboard.py`);
 - the straggler verdict's inputs: each rank's identity (rank, host, device, HAMi limit,
-  gathered once) beside its phase means, judged per interval by rank 0
+  under tp / pp its place in the mesh (`locate`: the verdict compares a pipeline stage's
+  ranks with each other only, and every view says "stage 2 of 2"), gathered once) beside
+  its phase means, judged per interval by rank 0
   (`train/straggler.py`'s `StragglerWatch`: said once when it lasts) and over the run at
   the end (summary.json's `ranks`, `straggler`; also `live/straggler.json`);
 - a test-only slowdown of this rank, installed once (`resilience/faults.py`'s `Slowdown`).
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
     from disttrain.distributed.comm_hooks import CommStats
     from disttrain.distributed.runtime import Runtime
 
-__all__ = ["FLUSH_RECORDS", "LiveStatus", "StepRecord", "StepTelemetry", "rank_identity"]
+__all__ = ["FLUSH_RECORDS", "LiveStatus", "StepRecord", "StepTelemetry", "mesh_place", "rank_identity"]
 
 FLUSH_RECORDS = 50  # gather logged losses to rank 0 every this many records (one collective)
 
@@ -83,6 +85,15 @@ def rank_identity(rt: Runtime) -> dict[str, Any]:
     if limit:
         ident["limit"] = limit
     return ident
+
+
+def mesh_place(mesh: Any) -> dict[str, list[int]]:
+    """This rank's place in a DeviceMesh: `{dim: [index, size]}` for each dimension larger
+    than 1 (`distributed/mesh.py`'s pp, dp_replicate, dp_shard, tp), as the identity, the
+    live files and summary.json's `ranks` carry it (`straggler.place_label` reads it)."""
+    names = mesh.mesh_dim_names or ()
+    return {name: [int(mesh.get_local_rank(name)), int(mesh.size(i))]
+            for i, name in enumerate(names) if mesh.size(i) > 1}
 
 
 class StepTelemetry:
@@ -115,6 +126,14 @@ class StepTelemetry:
         self._ident = rank_identity(rt)
         self._live = LiveStatus(rt, run_dir, self._ident)
         self._slow = Slowdown.install(self.timer, rt.rank)
+
+    def locate(self, mesh: Any) -> None:
+        """This rank's place in the tp / pp mesh (`mesh_place`), into its identity: the
+        live file's next write and the first flush's gather carry it, so call it before
+        the first logging step (the Trainer: right after `attach`)."""
+        place = mesh_place(mesh)
+        if place:
+            self._ident["mesh"] = place   # the live file holds the same dict
 
     def epoch(self, batches: Iterable[Any], samples: int) -> Iterator[Any]:
         """An epoch's batches, timed (the data phase: the loader's next()); its first step
@@ -231,8 +250,9 @@ class LiveStatus:
         rec = {"rank": self.rank, "world_size": self.world_size, "host": self.ident["host"],
                "pid": os.getpid(), "device": self.ident["device"], "epoch": epoch, "step": step,
                "loss": loss, "samples_per_s": round(samples_per_s, 1), **times.as_dict()}
-        if "limit" in self.ident:
-            rec["limit"] = self.ident["limit"]
+        for key in ("limit", "mesh"):   # the HAMi limit; the place in a tp / pp mesh
+            if key in self.ident:
+                rec[key] = self.ident[key]
         rec.update(self.extra)   # the memory figures (train/memory.py), when measured
         self._last = rec
         self._replace(self.path, {**rec, "time": round(time.time(), 3), "done": done})

@@ -88,6 +88,8 @@ class Trainer:
                         self.optimizer)
         self.telemetry.attach(self.rt, self.comm, self.info.run_dir, self.writer)
         self.telemetry.data_ranks = self.data_ranks
+        if self.parallel is not None:   # "rank 3 (stage 2 of 2, dp 2 of 2)"; stages compared apart
+            self.telemetry.locate(self.parallel.mesh)
         # not under pp: the schedule runs the stage once per micro-batch in one step, and
         # torch's memory tracker refuses a module's second forward ("multiple iterative calls")
         if self.parallel is None or self.parallel.pipe is None:
