@@ -6,14 +6,15 @@ slice), killed FSDP2 x TP and pp x dp runs resume to the uninterrupted ones bitw
 tp x pp is refused before anything starts.
 
 Every run is the CLI in a subprocess: a tiny chargpt (2 blocks of 4 heads, 16-character
-windows), 10 SGD steps, a checkpoint every 5 (the step-10 .pt holds the consolidated
+windows), 30 SGD steps, a checkpoint every 10 (the step-30 .pt holds the consolidated
 weights: full tensors gathered from the shards, where the fused qkv rows must be in the
-model's order). The six runs start together: each spends most of its wall time starting,
-not computing (~4 s of CPU in 16-25 s of wall time here), so together they take 72-85 s
-where one after another took about 125 s (measured on 2 busy cores).
+model's order). The one-process run is the session's (tests/distributed/conftest.py, shared
+with test_parallel_trainer.py). The five runs start together: each spends most of its wall
+time starting, not computing (~4 s of CPU in 16-25 s of wall time here), so together they
+take less than one after another (measured on 2 busy cores).
 Tolerance against one process: rtol 1e-4, atol 5e-5 (fp32; the data-parallel average and
-tp's all-reduces sum in another order; measured: losses within 6e-7, parameters within
-1.7e-6). The logged loss of a step is each data slice's own mean; their mean over the ranks
+tp's all-reduces sum in another order; measured over the 30 steps: losses within 1.9e-6,
+parameters within 3.9e-6). The logged loss of a step is each data slice's own mean; their mean over the ranks
 (every slice is held by equally many ranks) is the one-process loss of the whole batch.
 """
 
@@ -31,27 +32,24 @@ import torch
 from torch import nn
 
 from tests.conftest import DISTTRAIN, run_cli
+from tests.distributed.conftest import CHARGPT_JOB, CHARGPT_STEPS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS = 10
-JOB = ("run", "--example", "chargpt", "--task-args",
-       '{"block": 16, "layers": 2, "width": 32, "heads": 4}',
-       "--max-steps", str(STEPS), "--epochs", "1", "--optimizer", "sgd", "--lr", "0.5",
-       "--log-every-steps", "1", "--checkpoint-every-steps", "5", "--master-port", "0")
+STEPS = CHARGPT_STEPS
+JOB = CHARGPT_JOB
 # 4 ranks, 2 data slices of 4 windows: the global batch of one process's 8, the same lr
 SPLIT = ("--nproc-per-node", "4", "--batch-size", "4", "--lr-scaling", "none")
 RTOL, ATOL = 1e-4, 5e-5
 RUNS: dict[str, tuple[str, ...]] = {
-    "one": ("--nproc-per-node", "1", "--batch-size", "8"),
     "ddp+pp": (*SPLIT, "--pp", "2", "--microbatches", "2"),
     "fsdp+tp": (*SPLIT, "--strategy", "fsdp", "--tp", "2"),
     "ddp+tp": (*SPLIT, "--tp", "2"),
     "fsdp+tp killed": (*SPLIT, "--strategy", "fsdp", "--tp", "2", "--max-restarts", "1"),
     "ddp+pp killed": (*SPLIT, "--pp", "2", "--microbatches", "2", "--max-restarts", "1"),
 }
-# after the step-5 checkpoint: they resume from it (rank 2 is a last-stage rank under pp)
-FAULTS = {"fsdp+tp killed": "kill:rank=1:step=7", "ddp+pp killed": "kill:rank=2:step=7"}
+# after the step-10 checkpoint: they resume from it (rank 2 is a last-stage rank under pp)
+FAULTS = {"fsdp+tp killed": "kill:rank=1:step=15", "ddp+pp killed": "kill:rank=2:step=15"}
 
 
 def _start(base: Path, name: str, flags: tuple[str, ...]) -> subprocess.Popen:
@@ -66,8 +64,9 @@ def _start(base: Path, name: str, flags: tuple[str, ...]) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every run of RUNS, started together; {name: run dir}."""
+def runs(tmp_path_factory: pytest.TempPathFactory, chargpt_one_process: Path) -> dict[str, Path]:
+    """Every run of RUNS, started together, and the session's one-process run ("one");
+    {name: run dir}."""
     base = tmp_path_factory.mktemp("composed")
     procs = {name: _start(base, name, flags) for name, flags in RUNS.items()}
     outs: dict[str, str] = {}
@@ -84,8 +83,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name in FAULTS:
         killed = outs[name]
         assert "disttrain fault injection" in killed, f"{name}: the fault never fired"
-        assert "resumed from" in killed and "ckpt-00000005" in killed, killed[-4000:]
-    return {name: base / name.replace(" ", "-").replace("+", "-") for name in RUNS}
+        assert "resumed from" in killed and "ckpt-00000010" in killed, killed[-4000:]
+    return {"one": chargpt_one_process,
+            **{name: base / name.replace(" ", "-").replace("+", "-") for name in RUNS}}
 
 
 def _losses(run: Path) -> dict[int, dict[int, float]]:
@@ -137,8 +137,8 @@ def test_four_ranks_train_the_same_model_as_one_process(runs, name):
 
 @pytest.mark.parametrize("name", ["fsdp+tp", "ddp+pp"])
 def test_killed_run_resumes_to_the_uninterrupted_parameters(runs, name):
-    """A rank SIGKILLs itself at step 7; torchrun restarts the four, they resume from the
-    step-5 DCP checkpoint (fsdp+tp: 2-D DTensors, FSDP2 shards of tp shards; ddp+pp: each
+    """A rank SIGKILLs itself at step 15; torchrun restarts the four, they resume from the
+    step-10 DCP checkpoint (fsdp+tp: 2-D DTensors, FSDP2 shards of tp shards; ddp+pp: each
     stage's part, written once for its two replicas) and end bitwise equal to the
     uninterrupted run of the same topology."""
     run, full = runs[f"{name} killed"], runs[name]
@@ -148,8 +148,8 @@ def test_killed_run_resumes_to_the_uninterrupted_parameters(runs, name):
         assert torch.equal(got[key], value), key
     assert _summary(run)["params_sha256_per_rank"] == _summary(full)["params_sha256_per_rank"]
     resumed, uninterrupted = _losses(run), _losses(full)
-    assert set(range(6, STEPS + 1)) <= set(resumed)
-    assert all(resumed[s] == uninterrupted[s] for s in range(6, STEPS + 1))
+    assert set(range(11, STEPS + 1)) <= set(resumed)
+    assert all(resumed[s] == uninterrupted[s] for s in range(11, STEPS + 1))
     assert list((run / "checkpoints").glob("dcp-*")), "the checkpoints are not DCP folders"
 
 

@@ -21,15 +21,12 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
+from tests.distributed.conftest import CHARGPT_JOB, CHARGPT_STEPS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.usefixtures("no_stray_workers")]
 
-STEPS = 30
-JOB = ("run", "--example", "chargpt", "--task-args",
-       '{"block": 16, "layers": 2, "width": 32, "heads": 4}',
-       "--max-steps", str(STEPS), "--epochs", "1", "--optimizer", "sgd", "--lr", "0.5",
-       "--batch-size", "8", "--log-every-steps", "1", "--checkpoint-every-steps", "10",
-       "--master-port", "0")
+STEPS = CHARGPT_STEPS
+JOB = (*CHARGPT_JOB, "--batch-size", "8")
 RTOL, ATOL = 1e-4, 5e-5
 TOPOLOGIES = {"tp2": ("--tp", "2"), "pp2-gpipe": ("--pp", "2", "--pp-schedule", "gpipe"),
               "pp2-1f1b": ("--pp", "2", "--pp-schedule", "1f1b")}
@@ -62,10 +59,11 @@ def _summary(run: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One process, and each topology on two ranks, uninterrupted."""
+def runs(tmp_path_factory: pytest.TempPathFactory, chargpt_one_process: Path) -> dict[str, Path]:
+    """One process (the session's, tests/distributed/conftest.py), and each topology on two
+    ranks, uninterrupted."""
     base = tmp_path_factory.mktemp("parallel")
-    out = {"one": _run(base, "one", 1)}
+    out = {"one": chargpt_one_process}
     for name, flags in TOPOLOGIES.items():
         out[name] = _run(base, name, 2, *flags)
     return out
