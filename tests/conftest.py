@@ -31,19 +31,29 @@ DISTTRAIN = [sys.executable, "-m", "disttrain.cli.main"]
 # first), so they start first and the two workers end together instead of one waiting on
 # the other's last long file. A file missing here only runs later; nothing else depends on it.
 LONGEST_FIRST = (
-    "tests/resilience/test_resilience.py",
-    "tests/distributed/test_parallel_trainer.py",
     "tests/resilience/test_hosts.py",
-    "tests/cli/test_run_cli.py",
     "tests/train/test_task_trainer.py",
-    "tests/examples/test_chargpt_run.py",
-    "tests/cli/test_run_task.py",
+    "tests/distributed/test_composed_parallel.py",
     "tests/k8s/test_gang_local.py",
+    "tests/distributed/test_parallel_trainer.py",   # shares composed's one-process run
+    "tests/cli/test_run_cli.py",
     "tests/cli/test_run_script_watch.py",
+    "tests/resilience/test_resilience.py",
+    "tests/cli/test_run_task.py",
+    "tests/recipes/test_causal_lm_dist.py",
+    "tests/launch/test_launchers.py",
+    "tests/train/test_checkpoint_storage.py",
+    "tests/examples/test_chargpt_run.py",
     "tests/plan/test_accuracy.py",
     "tests/resilience/test_preemption.py",
-    "tests/train/test_checkpoint_storage.py",
-    "tests/recipes/test_causal_lm_dist.py",
+    "tests/resilience/test_worker_watchdog.py",
+    "tests/plan/test_lora_plan.py",
+    "tests/k8s/test_install.py",
+    "tests/cli/test_run_script.py",
+    "tests/distributed/test_gpt2_parallel.py",
+    "tests/k8s/test_output.py",
+    "tests/k8s/test_local.py",
+    "tests/diagnose/test_live.py",
     "tests/bench/test_bench.py",
 )
 
