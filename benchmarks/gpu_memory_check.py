@@ -89,7 +89,8 @@ def nccl_mib() -> dict[str, Any]:
 
 def steps_vs_plan(name: str, task: Any, batch_size: int) -> dict[str, Any]:
     """Two real steps of one rank on cuda:0 (strategy none) against the plan."""
-    from disttrain.plan.trace import Knobs, first_batch, trace_memory
+    from disttrain.plan.trace import Knobs, first_batch
+    from disttrain.plan.tracing import trace_memory
     from disttrain.train.batch import to_device
     from disttrain.train.optim import build_optimizer
     from disttrain.train.steps import run_step

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from disttrain.plan.trace import Knobs, trace_memory
+from disttrain.plan.trace import Knobs
+from disttrain.plan.tracing import trace_memory
 from tests.plan.measure import TOLERANCE
 from tests.plan.tasks import TASKS
 

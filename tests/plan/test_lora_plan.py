@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from disttrain.plan.trace import Knobs, trace_memory
+from disttrain.plan.trace import Knobs
+from disttrain.plan.tracing import trace_memory
 from tests.plan.measure import TOLERANCE  # both ways, as test_accuracy.py holds every strategy
 from tests.recipes import hf_fixtures as fx
 

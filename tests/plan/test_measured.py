@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from disttrain.plan.feedback import feedback_lines, memory_feedback
-from disttrain.plan.trace import Knobs, trace_memory
+from disttrain.plan.trace import Knobs
+from disttrain.plan.tracing import trace_memory
 from disttrain.spec.job import JobSpec
 from disttrain.testing import setup_for_test
 from disttrain.train.build import build_trainer

@@ -16,7 +16,8 @@ import pytest
 
 from disttrain.plan.fit import combinations
 from disttrain.plan.job import plan_task
-from disttrain.plan.trace import Knobs, trace_memory
+from disttrain.plan.trace import Knobs
+from disttrain.plan.tracing import trace_memory
 from tests.plan.tasks import TASKS
 
 BATCH = 64

@@ -3,9 +3,11 @@
     disttrain plan -f job.yaml                     # per-rank table, the gpumem to ask for
     disttrain plan --example chargpt --gpumem 2000 # fits? if not, the flags that would
     disttrain plan --task mytask:make_task --json  # {"peak_bytes", "gpumem_mib", "fits", ...}
+    disttrain plan --example chargpt --nproc-per-node 2 --pp 2   # each stage; the busiest is the peak
 
 The same arguments as `disttrain run` (and the cluster's gpus/gpumem); nothing is launched,
-no process group is made, no weights are allocated (fake tensors: plan/trace.py).
+no process group is made, no weights are allocated (fake tensors: plan/trace.py); a tp
+or pp degree is planned on the run's own split (plan/parallel.py), never dropped.
 Exit codes: 0 planned (fits or no slice set), 1 does not fit the given slice, 2 bad input
 or a job that cannot be planned (one `error:` line).
 """

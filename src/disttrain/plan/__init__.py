@@ -4,7 +4,10 @@
     plan = plan_job(spec)            # disttrain plan -f job.yaml
     plan.peak_bytes, plan.gpumem_mib, plan.fits
 
-`job` (the plan of a job), `trace` (fake-tensor trace of two steps), `slice` (tensor peak ->
+`job` (the plan of a job), `tracing` (the one entry: data parallel or tp/pp), `trace`
+(fake-tensor trace of two steps), `parallel` (the trace of a tp or pp job on its real
+split, every pipeline stage), `measured` (a real rank's
+figures taken the way the plan traces them), `slice` (tensor peak ->
 gpumem), `fit` (knobs that would make it fit), `gate` (the check k8s render and
 apply make), `mesh_fit` (tp divides the heads, pp <= the blocks, before launch), `text`
 (the printed plan), `feedback` (what a finished run really used, and the slice for next

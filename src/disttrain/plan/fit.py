@@ -11,6 +11,13 @@ steps; CPU offload (FSDP2's CPUOffloadPolicy: shards, gradients and optimizer st
 host memory, the optimizer stepping on the CPU) moves every step's state over PCIe; SGD
 instead of Adam changes the training itself, so it is tried last. Combinations are traced
 in order of total cost and the first that fits is the answer.
+
+When none of them fits, a model-parallel degree is tried (issue 26 item 5): `--tp N` or
+`--pp N`, smallest N first (tp before pp at the same N: pp adds the pipeline's bubble),
+alone and then with bf16; N divides the world size, tp divides every head count and has a
+plan (`tensor_parallel`), pp is at most the blocks (`pipeline.balanced_cuts`); what the
+degree cannot run with is changed (`--strategy ddp` where this version composes nothing
+else) or the degree skipped (pp with grad-ckpt or fp16, CPU offload).
 """
 
 from __future__ import annotations
@@ -22,10 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from disttrain.plan.slice import SliceOverhead, slice_request
-from disttrain.plan.trace import Knobs, first_batch, trace_memory
+from disttrain.plan.trace import Knobs, build_fake_model, first_batch
+from disttrain.plan.tracing import trace_memory
 from disttrain.train.task import TrainTask
 
 MAX_TRIES = 12   # traces at most; each costs about one fake step of the model
+DEGREE_TRIES = 6  # then tp/pp degrees, at most this many traces (a pp trace is one per stage)
 # ... and at most this long: a billion-parameter model takes tens of seconds per trace,
 # and a search that outlasts the user's patience answers nothing (the tried ones are listed)
 SEARCH_BUDGET_S = 180.0
@@ -85,8 +94,8 @@ def combinations(knobs: Knobs) -> Iterator[tuple[Knobs, list[str]]]:
         changed = knobs
         for k in combo:
             changed = k.change(changed)
-        if changed in seen:   # cpu-offload brings fsdp: {fsdp, cpu-offload} is {cpu-offload}
-            continue
+        if changed in seen or not runnable(changed):   # cpu-offload brings fsdp: {fsdp,
+            continue                                     # cpu-offload} is {cpu-offload}
         seen.add(changed)
         flags: list[str] = []
         for k in combo:
@@ -95,6 +104,25 @@ def combinations(knobs: Knobs) -> Iterator[tuple[Knobs, list[str]]]:
                 if not redundant and not _has(flags, pair):
                     flags += pair
         yield changed, flags
+
+
+def runnable(knobs: Knobs) -> bool:
+    """Whether the run takes these knobs together (a tp/pp job: `check_supported`, and what
+    `ModelParallel.setup` refuses), so that no suggestion is one the run would refuse."""
+    if not knobs.model_parallel:
+        return True
+    from disttrain.errors import SpecError
+    from disttrain.spec.parallelism import Degrees, check_supported
+
+    dp = knobs.world_size // (knobs.tp * knobs.pp)
+    try:
+        check_supported(Degrees(pp=knobs.pp, dp_replicate=1, dp_shard=dp, tp=knobs.tp),
+                        knobs.strategy)
+    except SpecError:
+        return False
+    if knobs.cpu_offload:     # not wired into FSDP2 x TP, nor pp
+        return False
+    return knobs.pp == 1 or not (knobs.grad_ckpt or knobs.precision == "fp16")
 
 
 def _pairs(flags: list[str]) -> list[list[str]]:
@@ -130,4 +158,62 @@ def search_fit(task: TrainTask, knobs: Knobs, gpumem: int | None, procs: int,
         tried.append((flags, need))
         if gpumem is not None and need <= gpumem:
             return Suggestion(flags, need, peak.peak_bytes, tried)
+    for changed, flags in itertools.islice(degree_options(task, knobs), DEGREE_TRIES):
+        if time.monotonic() > deadline:
+            break
+        if changed.batch_size not in batches:
+            batches[changed.batch_size] = first_batch(task, changed.batch_size, changed.world_size)
+        peak = trace_memory(task, changed, batches[changed.batch_size])
+        need = slice_request(peak.peak_bytes, procs, changed.world_size, overhead).gpumem_mib
+        tried.append((flags, need))
+        if need <= gpumem:
+            return Suggestion(flags, need, peak.peak_bytes, tried)
     return Suggestion(None, None, None, tried)
+
+
+def degree_options(task: TrainTask, knobs: Knobs) -> Iterator[tuple[Knobs, list[str]]]:
+    """tp / pp degrees the job could run with, smallest first, alone then with bf16, as
+    (knobs, flags). A job already split offers larger degrees of its own kind only."""
+    kinds = ["tp", "pp"] if not knobs.model_parallel else (["tp"] if knobs.tp > 1 else ["pp"])
+    current = max(knobs.tp, knobs.pp)
+    model = build_fake_model(task)
+    fits = {kind: [d for d in range(current + 1, knobs.world_size + 1)
+                   if knobs.world_size % d == 0 and _splits(task, model, kind, d, knobs)]
+            for kind in kinds}
+    for degree in sorted({d for ds in fits.values() for d in ds}):
+        for kind in kinds:
+            if degree not in fits[kind]:
+                continue
+            changed = knobs.replace(**{kind: degree})
+            flags = [f"--{kind}", str(degree)]
+            dp = knobs.world_size // degree
+            if (dp == 1 and knobs.strategy in ("fsdp", "dp")) or (
+                    kind == "pp" and knobs.strategy == "fsdp"):
+                changed, flags = changed.replace(strategy="ddp"), [*flags, "--strategy", "ddp"]
+            if not runnable(changed):
+                continue
+            yield changed, flags
+            if knobs.precision == "fp32":
+                yield changed.replace(precision="bf16"), [*flags, "--precision", "bf16"]
+
+
+def _splits(task: TrainTask, model: Any, kind: str, degree: int, knobs: Knobs) -> bool:
+    """Whether the model and the job can run under `kind`=`degree` (the run's own checks)."""
+    from disttrain.errors import DisttrainError
+
+    if knobs.cpu_offload:   # not wired into FSDP2 x TP nor pp
+        return False
+    try:
+        if kind == "tp":
+            from disttrain.distributed.tensor_parallel import check_heads, tp_plan_for
+
+            check_heads(model, degree)
+            tp_plan_for(model, task.tp_plan)
+            return True
+        from disttrain.distributed.pipeline import balanced_cuts
+
+        balanced_cuts(model, task.fsdp_block, degree)
+    except DisttrainError:
+        return False
+    return (task.loss_fn is not None and not knobs.grad_ckpt and knobs.precision != "fp16"
+            and knobs.batch_size % knobs.microbatches == 0)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disttrain.plan.slice import MIB, SliceOverhead, SliceRequest, procs_per_gpu, slice_request
-from disttrain.plan.trace import Knobs, TensorPeak, first_batch, trace_memory
+from disttrain.plan.trace import Knobs, TensorPeak, first_batch
+from disttrain.plan.tracing import trace_memory
 from disttrain.train.task import TrainTask
 
 # Host memory a rank's process needs besides model copies: the Python interpreter, torch
@@ -62,6 +63,7 @@ class MemoryPlan:
             "gpumem": self.gpumem, "headroom_mib": self.headroom_mib,
             "peak_phase": self.tensors.phase,
             "per_rank": {k: v for k, v in self.tensors.largest.items()},
+            "stages": self.tensors.stages,   # pp: each stage's figures (per_rank: the busiest)
             "at_peak": self.tensors.at_peak,
             "largest_modules": [{"module": m, "activation_bytes": b}
                                 for m, b in self.tensors.modules],
@@ -86,11 +88,19 @@ def knobs_of(spec: Any) -> Knobs:
         strategy = "none"
     if strategy == "dp":
         strategy = "none"   # one process driving the GPUs: each GPU holds a full replica
+    par = spec.parallelism
+    tp = pp = 1
+    if par.model_parallel:   # the degrees as the ranks resolve them (a silently dropped
+        from disttrain.spec.parallelism import resolve_degrees  # degree would plan another job)
+
+        degrees = resolve_degrees(par, world)
+        tp, pp = degrees.tp, degrees.pp
     return Knobs(strategy=strategy, world_size=world, local_world_size=nproc,
                  precision=cfg.precision, grad_ckpt=cfg.grad_ckpt, batch_size=cfg.batch_size,
                  grad_accum=cfg.grad_accum, optimizer=cfg.optimizer,
                  fsdp_sharding=cfg.fsdp_sharding,
-                 cpu_offload=getattr(cfg, "cpu_offload", False) and strategy == "fsdp")
+                 cpu_offload=getattr(cfg, "cpu_offload", False) and strategy == "fsdp",
+                 tp=tp, pp=pp, pp_schedule=par.pp_schedule, microbatches=par.microbatches)
 
 
 def task_of(spec: Any) -> TrainTask:
@@ -160,7 +170,8 @@ def plan_task(task: TrainTask, knobs: Knobs, gpumem: int | None = None, procs: i
     if knobs.cpu_offload:
         plan.notes.append("CPU offload: the rank's shards, gradients and optimizer state are "
                           "counted in host memory, not in the slice (host.offload_mib)")
-    if knobs.strategy == "ddp":
+    plan.notes.extend(parallel_notes(knobs, tensors))
+    if knobs.strategy == "ddp" and not knobs.model_parallel:
         plan.notes.append("DDP traced as its bare module with gradients kept between steps "
                           "(gradient_as_bucket_view: the buckets are the gradients)")
     if search and plan.fits is False:
@@ -178,8 +189,10 @@ def host_needs(tensors: TensorPeak, knobs: Knobs, procs: int, num_workers: int,
     workers; and the /dev/shm its workers pass batches through, against the pod's limits."""
     from disttrain.spec.fields import parse_quantity
 
-    model_mib = tensors.largest["parameters"] * (knobs.world_size if knobs.strategy == "fsdp"
-                                                 else 1) / MIB
+    # the run builds the whole model on every rank, then shards or splits it
+    whole = (knobs.world_size if knobs.strategy == "fsdp" and not knobs.model_parallel
+             else knobs.tp * knobs.pp)
+    model_mib = tensors.largest["parameters"] * whole / MIB
     offload_mib = tensors.host_bytes / MIB
     per_rank = PROCESS_BASE_MIB + model_mib + offload_mib + num_workers * WORKER_BASE_MIB
     need = int(per_rank * knobs.local_world_size)
@@ -198,3 +211,21 @@ def host_needs(tensors: TensorPeak, knobs: Knobs, procs: int, num_workers: int,
         if shm_bytes is not None:
             out["shm_fits"] = shm_need <= shm_bytes / MIB
     return out
+
+
+def parallel_notes(knobs: Knobs, tensors: TensorPeak) -> list[str]:
+    """What a tp or pp plan traced, and what it leaves out (docs/memory.md)."""
+    if knobs.tp > 1:
+        return [f"tp={knobs.tp}: traced on the run's own tp plan over a fake mesh: the "
+                f"plan's layers hold 1/{knobs.tp} of their weights, gradients, optimizer "
+                f"state and activations, the rest (embeddings, norms, head) whole; every tp "
+                f"rank holds the same"]
+    if knobs.pp > 1:
+        per = ", ".join(f"stage {s['stage']} {s['peak_bytes'] / MIB:,.1f} MiB"
+                        for s in tensors.stages)
+        return [f"pp={knobs.pp}: each stage traced as the run splits it (balanced_cuts, "
+                f"torch's pipeline frontend) under the {knobs.pp_schedule} schedule with "
+                f"{knobs.microbatches} micro-batches; per stage: {per}; the busiest is the "
+                f"peak; not traced: the tied-weight all-reduce and data parallel's gradient "
+                f"average on top (in place)"]
+    return []

@@ -18,13 +18,19 @@ def format_plan(plan: MemoryPlan) -> str:
     k, t, r = plan.knobs, plan.tensors, plan.request
     who = ("every rank holds the same" if k.strategy != "fsdp"
            else "rank 0, the busiest: FSDP's padded shards are on the first ranks")
-    lines = [f"memory plan: {k.strategy} over {k.world_size} rank(s), {k.precision}, "
+    if k.model_parallel:
+        who = layout_who(plan)
+    lines = [f"memory plan: {layout(plan)} over {k.world_size} rank(s), {k.precision}, "
              f"batch {k.batch_size}/rank, {k.optimizer}"
              f"{', activation checkpointing' if k.grad_ckpt else ''}"
              f"{', CPU offload' if k.cpu_offload else ''} ({who})",
              "  per rank (the most each held at any point of two steps):"]
     for name in ("parameters", "gradients", "optimizer", "activations", "temporaries"):
         lines.append(f"    {name:<12} {mib(t.largest[name]):>14}   at the peak {mib(t.at_peak[name])}")
+    for st in t.stages:
+        lines.append(f"    stage {st['stage']}: parameters {mib(st['parameters'])}, optimizer "
+                     f"{mib(st['optimizer'])}, activations {mib(st['activations'])}, peak "
+                     f"{mib(st['peak_bytes'])}")
     lines.append(f"  tensor peak  {mib(t.peak_bytes)} in {t.phase}"
                  f"{' on the device' if k.cpu_offload else ''}")
     if k.cpu_offload:
@@ -52,6 +58,26 @@ def format_plan(plan: MemoryPlan) -> str:
     for note in plan.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def layout(plan: MemoryPlan) -> str:
+    """`ddp`, `fsdp`, `tp=2`, `tp=2 x fsdp dp_shard=2`, `pp=2 (1f1b, 4 micro-batches)` ..."""
+    k = plan.knobs
+    if not k.model_parallel:
+        return k.strategy
+    dp = k.world_size // (k.tp * k.pp)
+    on_top = f" x {k.strategy} dp_shard={dp}" if dp > 1 else ""
+    if k.tp > 1:
+        return f"tp={k.tp}{on_top}"
+    return f"pp={k.pp} ({k.pp_schedule}, {k.microbatches} micro-batches){on_top}"
+
+
+def layout_who(plan: MemoryPlan) -> str:
+    k = plan.knobs
+    if k.tp > 1:
+        return "every tp rank holds the same: its shards of the tp plan's layers, the rest whole"
+    busiest = max(plan.tensors.stages, key=lambda s: s["peak_bytes"])["stage"] if plan.tensors.stages else 0
+    return f"the busiest stage, {busiest}: each stage below"
 
 
 def plan_fragmentation(plan: MemoryPlan) -> str:

@@ -1,6 +1,6 @@
 """One rank's training step traced on fake tensors: the tensor memory it would hold.
 
-    peak = trace_memory(task, knobs)       # TensorPeak: per category, peak, phase, modules
+    peak = trace_data_parallel(task, knobs, batch)   # TensorPeak: per category, peak, phase, modules
 
 The model is built on the meta device and materialised under `FakeTensorMode` (storages
 with sizes and no bytes), wrapped by the same code the run uses (`strategies.wrap`: FSDP2
@@ -10,6 +10,9 @@ the real per-rank shape for two optimizer steps under torch's memory tracker
 (`torch.distributed._tools.mem_tracker.MemTracker`, `FSDPMemTracker` for FSDP), as
 torchtitan's `scripts/estimate/estimation.py` does. Two steps because the first has no
 optimizer state yet (docs/memory.md).
+
+A tp or pp job (`Knobs.tp`, `Knobs.pp`) is traced on its real split by `plan/parallel.py`:
+the tp plan over a fake mesh, or every pipeline stage under the run's schedule.
 
 DDP's reducer cannot run on fake tensors (it reads the parameters' bytes to check them
 across ranks), so a DDP job is traced as its bare module with gradients kept between steps,
@@ -62,6 +65,15 @@ class Knobs:
     optimizer: str = "adam"
     fsdp_sharding: str = "full"
     cpu_offload: bool = False      # FSDP2's CPUOffloadPolicy (fsdp only)
+    # model parallel (issue 26): the degrees as the run resolves them (plan/parallel.py)
+    tp: int = 1
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    microbatches: int = 4
+
+    @property
+    def model_parallel(self) -> bool:
+        return self.tp > 1 or self.pp > 1
 
     def replace(self, **changes: Any) -> Knobs:
         return dataclasses.replace(self, **changes)
@@ -79,11 +91,13 @@ class TensorPeak:
     phase_peaks: dict[str, int] = field(default_factory=dict)     # phase -> peak bytes
     phase_optimizer: dict[str, int] = field(default_factory=dict)  # phase -> optimizer bytes at its peak
     host_bytes: int = 0                # CPU offload: the most the rank kept in host memory
+    stages: list[dict[str, Any]] = field(default_factory=list)    # pp: each stage's figures
 
     def as_dict(self) -> dict[str, Any]:
         return {"peak_bytes": self.peak_bytes, "phase": self.phase, "at_peak": self.at_peak,
                 "largest": self.largest, "modules": [list(m) for m in self.modules],
-                "phase_peaks": self.phase_peaks, "host_bytes": self.host_bytes}
+                "phase_peaks": self.phase_peaks, "host_bytes": self.host_bytes,
+                "stages": self.stages}
 
 
 def fold(snapshot: dict[Any, int], skip: frozenset[str] = frozenset()) -> dict[str, int]:
@@ -183,7 +197,7 @@ def fake_batch(batch: Any, mode: Any) -> Any:
 
 def build_fake_model(task: TrainTask) -> nn.Module:
     """The task's model on the meta device (no memory for weights); a ready-made module is
-    copied to meta. Materialised on fake CPU storage by `trace_memory`."""
+    copied to meta. Materialised on fake CPU storage by `trace_data_parallel`."""
     if isinstance(task.model, nn.Module):
         model = copy.deepcopy(task.model).to("meta")
     else:
@@ -216,21 +230,21 @@ def materialize(model: nn.Module) -> nn.Module:
     return model
 
 
-def trace_memory(task: TrainTask, knobs: Knobs, batch: Any = None) -> TensorPeak:
-    """Trace two optimizer steps of rank 0 of the job and return its tensor memory.
+def trace_data_parallel(task: TrainTask, knobs: Knobs, batch: Any) -> TensorPeak:
+    """Trace two optimizer steps of rank 0 of a data-parallel job (ddp, fsdp, none) and
+    return its tensor memory; `disttrain.plan.tracing.trace_memory` is the entry that also
+    takes tp / pp jobs.
 
     Args:
         task: the job's TrainTask.
         knobs: the settings to trace with (strategy as it will run, world size ...).
-        batch: one real batch of the per-rank shape; default: read from the task's data.
+        batch: one real batch of the per-rank shape (`first_batch`).
 
     Raises:
         TaskError: the model, batch or step cannot be traced (the message says why).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if batch is None:
-        batch = first_batch(task, knobs.batch_size, knobs.world_size)
     with fake_world(knobs.world_size), FakeTensorMode(allow_non_fake_inputs=True) as mode:
         model = materialize(build_fake_model(task))
         return _trace(task, knobs, model, fake_batch(batch, mode))
@@ -256,6 +270,18 @@ def _wrap(task: TrainTask, knobs: Knobs, model: nn.Module) -> nn.Module:
 
 
 def _trace(task: TrainTask, knobs: Knobs, model: nn.Module, batch: Any) -> TensorPeak:
+    model = _wrap(task, knobs, model)
+    # Under DDP the gradients are its buckets' views and are zeroed in place; elsewhere
+    # the Trainer frees them (set_to_none), as here.
+    return traced_steps(task, knobs, model, batch, fsdp=knobs.strategy == "fsdp",
+                        warm=knobs.strategy == "fsdp", keep_grads=knobs.strategy == "ddp")
+
+
+def traced_steps(task: TrainTask, knobs: Knobs, model: nn.Module, batch: Any, *, fsdp: bool,
+                 warm: bool, keep_grads: bool) -> TensorPeak:
+    """Two optimizer steps of the (wrapped) `model` under the tracker, as the Trainer runs
+    them. `fsdp`: FSDPMemTracker (its categories); `warm`: one untracked step first (DTensor
+    parameters: see `_warm_sharding_cache`); `keep_grads`: zero gradients in place (DDP)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from disttrain.train.frozen_tracking import frozen_aware
@@ -263,27 +289,22 @@ def _trace(task: TrainTask, knobs: Knobs, model: nn.Module, batch: Any) -> Tenso
     from disttrain.train.precision import Precision
     from disttrain.train.steps import run_step
 
-    model = _wrap(task, knobs, model)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]   # as train/build.py
     optimizer = (task.optimizer(trainable, 1e-3) if task.optimizer is not None
                  else build_optimizer(knobs.optimizer, trainable, 1e-3))
-    precision = Precision.create(knobs.precision, torch.device("cpu"),
-                                 sharded=knobs.strategy == "fsdp")
-    host = OFFLOADED if knobs.cpu_offload and knobs.strategy == "fsdp" else frozenset()
-    if knobs.strategy == "fsdp":
+    precision = Precision.create(knobs.precision, torch.device("cpu"), sharded=fsdp)
+    host = OFFLOADED if knobs.cpu_offload and fsdp else frozenset()
+    if fsdp:
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
         tracker: Any = lean(FSDPMemTracker, host)(model, optimizer)
     else:
         # frozen parameters (a LoRA base) are held, never given a gradient: train/frozen_tracking.py
         tracker = lean(frozen_aware(MemTracker))()
-    if knobs.strategy == "fsdp":
+    if warm:
         _warm_sharding_cache(task, model, optimizer, precision, batch)
     tracker.track_external(model, optimizer, *_tensors(batch))
-    # Under DDP the gradients are its buckets' views and are zeroed in place; elsewhere
-    # the Trainer frees them (set_to_none), as here.
-    keep_grads = knobs.strategy == "ddp"
     phases = _PhasePeaks(tracker, host)
     with tracker:
         for step in (1, 2):
