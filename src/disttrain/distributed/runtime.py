@@ -145,17 +145,29 @@ def _agent_store_restart() -> int | None:
     return envvars.restart_count() if envvars.uses_agent_store() else None
 
 
+_groups_made = 0   # default groups this process has made on the agent's store
+
+
 def _round_store(denv: DistEnv, restart: int, timeout: datetime.timedelta) -> Any:
-    """The agent's store under a prefix of this restart round.
+    """The agent's store under a prefix of this restart round (and of this process's
+    group, from its second on).
 
     torchrun's agent keeps one TCPStore across restarts (static rendezvous caches it)
     and init_process_group's keys (gloo addresses, the NCCL unique id) are the same in
     every round, so a restarted rank can read the dead round's value and fail with
     "Connection refused" (pytorch#135712, #167288). A prefix per round keeps them apart.
+    The same holds within one round for a process that makes the default group again
+    after destroying it (`setup` twice: a notebook, a sweep, two fits in one test spawn):
+    torch names every new default group "0", so the second group's ranks could read the
+    first's addresses; each group after the first gets its own prefix (the ranks make
+    their groups in the same order, so their counts agree).
     """
+    global _groups_made
     store = dist.TCPStore(denv.master_addr, denv.master_port, denv.world_size,
                           is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"disttrain/round_{restart}", store)
+    prefix = f"disttrain/round_{restart}" + (f"/group_{_groups_made}" if _groups_made else "")
+    _groups_made += 1
+    return dist.PrefixStore(prefix, store)
 
 
 def _bind_device(backend: str, denv: DistEnv) -> torch.device:
