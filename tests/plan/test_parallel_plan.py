@@ -111,3 +111,15 @@ def test_a_split_job_is_offered_only_flags_the_run_takes() -> None:
     assert not any("--grad-ckpt" in f for _, f in fit.combinations(pp))
     on_four = Knobs(world_size=4, local_world_size=4, batch_size=16, tp=2)   # fsdp x tp runs
     assert any(f == ["--strategy", "fsdp"] for _, f in fit.combinations(on_four))
+
+
+def test_the_interleaved_schedule_is_refused_with_what_to_plan_instead() -> None:
+    """A rank of interleaved 1F1B runs two stages under one schedule; the plan's fake world
+    is one rank, so it is refused in one line naming the schedule that stands in for it."""
+    from disttrain.errors import SpecError
+
+    knobs = Knobs(world_size=2, local_world_size=2, batch_size=16, pp=2,
+                  pp_schedule="interleaved-1f1b")
+    with pytest.raises(SpecError, match="traces gpipe and 1f1b, not interleaved-1f1b yet; "
+                                        "plan the job with --pp-schedule 1f1b"):
+        trace_memory(make_task(layers=4), knobs)

@@ -1,5 +1,6 @@
 """Pipeline parallel with torch.distributed.pipelining: stages cut at the task's block
-boundaries, balanced by parameter count, run by torch's GPipe / 1F1B schedules.
+boundaries, balanced by parameter count, run by torch's GPipe / 1F1B / interleaved 1F1B
+schedules.
 
     cuts = balanced_cuts(model, task.fsdp_block, pp=2)          # ["blocks.2"]
     pipe = PipelinedModel.build(model, cuts, example_microbatch, mesh["pp"], "1f1b", 4, loss_fn)
@@ -19,6 +20,14 @@ model but a copy on each stage that uses it after the split; Megatron keeps the 
 equal by summing their gradients over the stages that hold them before the step, and so
 does `sync_tied_grads`. Schedules on gloo: GPipe and 1F1B from torch 2.8 (the gloo p2p hang
 pytorch#132644 was fixed by #152938; reference: ../shared/reference/cluster-fit-and-scale.md §4).
+
+Interleaved 1F1B (`ScheduleInterleaved1F1B`, runs on gloo in torch 2.13): the model is cut
+into `pp * STAGES_PER_RANK` stages and rank r of the pp group holds stages r and r + pp
+(torch's loop layout), so the first stage and the last are on ranks 0 and pp - 1 as
+before. The rank's chunks are held in one `nn.ModuleDict` ("stage0", "stage2", ...:
+what the Trainer's optimizer, checkpoint and hash see, so checkpoint keys are
+stage-qualified); `full_state_dict` and the sync check use the original model's names.
+torch wants the micro-batches a multiple of pp (`disttrain.spec.parallelism`).
 """
 
 from __future__ import annotations
@@ -34,9 +43,12 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from disttrain.errors import StrategyError
 
-__all__ = ["SCHEDULES", "PipelinedModel", "balanced_cuts", "block_names"]
+__all__ = ["SCHEDULES", "STAGES_PER_RANK", "PipelinedModel", "balanced_cuts", "block_names"]
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+# model chunks per rank of a multi-stage schedule (torch's loop layout: rank r holds r, r + pp)
+STAGES_PER_RANK = {"interleaved-1f1b": 2}
 
 
 def block_names(model: nn.Module, block: type | tuple[type, ...] | None) -> list[str]:
@@ -113,22 +125,56 @@ def _used_params(stage: nn.Module) -> set[str]:
 
 @dataclass
 class PipelinedModel:
-    """This rank's stage of a pipeline and the schedule that drives it."""
+    """This rank's stage(s) of a pipeline and the schedule that drives it.
 
-    stage_module: nn.Module
+    `stage_index` / `num_stages` are this rank's place in the pp group and its size (one
+    stage per rank but under interleaved 1F1B, whose stages are in `chunks`)."""
+
+    stage_module: nn.Module           # the stage, or a ModuleDict of this rank's chunks
     schedule: Any
     stage_index: int
     num_stages: int
     group: Any
     tied: list[list[str]]             # alias FQNs of each weight the original model ties
     shapes: dict[str, torch.Size] = field(default_factory=dict)
+    chunks: dict[int, nn.Module] = field(default_factory=dict)   # global stage index -> module
+
+    def __post_init__(self) -> None:
+        if not self.chunks:
+            self.chunks = {self.stage_index: self.stage_module}
+
+    @property
+    def total_stages(self) -> int:
+        """Stages of the whole pipeline (pp times the chunks per rank)."""
+        return self.num_stages * len(self.chunks)
+
+    def _prefix(self, index: int) -> str:
+        """Where a chunk's names sit in `stage_module` ("" with one stage per rank)."""
+        return "" if len(self.chunks) == 1 else f"stage{index}."
+
+    def named_used_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's used parameters under the original model's names."""
+        out: list[tuple[str, nn.Parameter]] = []
+        for chunk in self.chunks.values():
+            used = _used_params(chunk)
+            out += [(n, p) for n, p in chunk.named_parameters() if n in used]
+        return out
+
+    def named_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """This rank's buffers under the original model's names."""
+        return [(n, b) for chunk in self.chunks.values() for n, b in chunk.named_buffers()]
+
+    def _used(self) -> set[str]:
+        """Used parameter names as `stage_module` names them."""
+        return {self._prefix(i) + n for i, chunk in self.chunks.items() for n in _used_params(chunk)}
 
     @classmethod
     def build(cls, model: nn.Module, cuts: Sequence[str], microbatch: tuple[Any, ...],
               pp_mesh: DeviceMesh, schedule: str, microbatches: int,
               loss_fn: Callable[[Any, Any], torch.Tensor], device: torch.device,
               scale_grads: bool = True) -> PipelinedModel:
-        """Split `model` at `cuts` (one stage per rank of `pp_mesh`) and make the schedule.
+        """Split `model` at `cuts` (one stage per rank of `pp_mesh`, or STAGES_PER_RANK of
+        them under a multi-stage schedule: then `cuts` has pp * that - 1) and make the schedule.
 
         Args:
             microbatch: example positional inputs of ONE micro-batch (tracing shapes).
@@ -145,27 +191,38 @@ class PipelinedModel:
             raise StrategyError(f"parallelism.pp_schedule: {schedule!r}; choose one of "
                                 f"{', '.join(SCHEDULES)}")
         pp = pp_mesh.size()
-        if len(cuts) != pp - 1:
-            raise StrategyError(f"pipeline parallel: {len(cuts)} cut(s) for {pp} stages")
+        per_rank = STAGES_PER_RANK.get(schedule, 1)
+        if len(cuts) != pp * per_rank - 1:
+            raise StrategyError(f"pipeline parallel: {len(cuts)} cut(s) for {pp * per_rank} stages")
+        if per_rank > 1 and microbatches % pp:
+            raise StrategyError(f"parallelism.microbatches: {microbatches} is not a multiple of "
+                                f"pp {pp}, which {schedule} needs")
         tied = _tied_groups(model)
         shapes = {n: p.shape for n, p in model.named_parameters(remove_duplicate=False)}
         pipe = pipelining.pipeline(model, mb_args=microbatch, split_spec={
             c: pipelining.SplitPoint.BEGINNING for c in cuts})
         index = pp_mesh.get_local_rank()
         group = pp_mesh.get_group()
-        stage = pipelining.build_stage(pipe.get_stage_module(index), index, pipe.info(), device, group)
-        sched = getattr(pipelining, SCHEDULES[schedule])(stage, microbatches, loss_fn=loss_fn,
-                                                         scale_grads=scale_grads)
-        return cls(stage.submod, sched, index, pp, group, tied, shapes)
+        kind = getattr(pipelining, SCHEDULES[schedule])
+        if per_rank == 1:
+            stage = pipelining.build_stage(pipe.get_stage_module(index), index, pipe.info(),
+                                           device, group)
+            sched = kind(stage, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+            return cls(stage.submod, sched, index, pp, group, tied, shapes)
+        stages = [pipelining.build_stage(pipe.get_stage_module(i), i, pipe.info(), device, group)
+                  for i in range(index, pp * per_rank, pp)]
+        sched = kind(stages, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+        chunks = {st.stage_index: st.submod for st in stages}
+        holder = nn.ModuleDict({f"stage{i}": m for i, m in chunks.items()})
+        return cls(holder, sched, index, pp, group, tied, shapes, chunks)
 
     @property
     def is_last(self) -> bool:
         return self.stage_index == self.num_stages - 1
 
     def parameters(self) -> list[nn.Parameter]:
-        """What this rank's optimizer updates: the parameters its stage uses."""
-        used = _used_params(self.stage_module)
-        return [p for n, p in self.stage_module.named_parameters() if n in used]
+        """What this rank's optimizer updates: the parameters its stage(s) use."""
+        return [p for _, p in self.named_used_parameters()]
 
     def step(self, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of one batch; the batch's mean loss on the last stage, else None."""
@@ -182,16 +239,26 @@ class PipelinedModel:
         """Sum the gradients of each tied weight over the stages that use a copy of it, so
         the copies stay equal (a collective over the pp group, in the same order on every
         stage: one all-reduce per tied weight)."""
-        used = _used_params(self.stage_module)
-        params = dict(self.stage_module.named_parameters())
+        per_chunk = []
+        for chunk in self.chunks.values():
+            per_chunk.append((_used_params(chunk), dict(chunk.named_parameters())))
         for aliases in self.tied:
-            mine = [a for a in aliases if a in used]
-            grad = params[mine[0]].grad if mine else None
-            buf = grad if grad is not None else torch.zeros(self.shapes[aliases[0]])
+            grads = []      # per chunk: the copy's gradient (one per chunk: its first alias)
+            for used, params in per_chunk:
+                mine = [a for a in aliases if a in used]
+                if mine and params[mine[0]].grad is not None:
+                    grads.append(params[mine[0]].grad)
+            if len(grads) == 1:
+                buf = grads[0]
+            else:
+                buf = torch.zeros(self.shapes[aliases[0]], device=grads[0].device if grads else None)
+                for g in grads:
+                    buf += g
             dist.all_reduce(buf, group=self.group)
-            for a in mine:
-                if params[a].grad is not None and params[a].grad is not buf:
-                    params[a].grad.copy_(buf)
+            for used, params in per_chunk:
+                for a in aliases:
+                    if a in used and params[a].grad is not None and params[a].grad is not buf:
+                        params[a].grad.copy_(buf)
 
     def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """This stage's model and optimizer state under the original model's names, for
@@ -201,14 +268,14 @@ class PipelinedModel:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.stage_module, optimizer)
-        used = _used_params(self.stage_module)
+        used = self._used()
         buffers = {n for n, _ in self.stage_module.named_buffers()}
         return {"model": {k: v for k, v in model_sd.items() if k in used or k in buffers},
                 self._optim_key: optim_sd}
 
     @property
     def _optim_key(self) -> str:
-        return f"optim_stage{self.stage_index}"
+        return "optim_stage" + "_".join(str(i) for i in self.chunks)
 
     def load_checkpoint_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Put a loaded `checkpoint_state` back into this stage and its optimizer."""
@@ -221,8 +288,7 @@ class PipelinedModel:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every stage's used parameters gathered on every rank (a collective), under the
         original model's names, tied aliases filled from the copy a stage uses."""
-        used = _used_params(self.stage_module)
-        mine = {n: p.detach().cpu() for n, p in self.stage_module.named_parameters() if n in used}
+        mine = {n: p.detach().cpu() for n, p in self.named_used_parameters()}
         parts: list[Any] = [None] * self.num_stages
         dist.all_gather_object(parts, mine, group=self.group)
         full: dict[str, torch.Tensor] = {}

@@ -7,7 +7,8 @@ when `JobSpec` is validated); what needs the model is checked here, on the meta 
 memory for weights, nothing downloaded beyond what the task's factory reads itself):
 - tp must divide every head count the model states (each rank holds whole heads:
   `tensor_parallel.check_heads`), and a built-in plan must fit it or the task give one;
-- pp must not exceed the number of blocks the model is cut at (`pipeline.balanced_cuts`).
+- pp (times 2 under interleaved 1F1B: two stages per rank) must not exceed the number of
+  blocks the model is cut at (`pipeline.balanced_cuts`).
 Inside the ranks `ModelParallel.setup` applies the same checks again; here they cost one
 model build in the CLI instead of a process group, a launch and N tracebacks.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from disttrain.errors import StrategyError
 from disttrain.spec.parallelism import Degrees, ParallelismSpec, check_supported, resolve_degrees
 
 __all__ = ["check_mesh_fits", "degrees_before_launch"]
@@ -49,7 +51,7 @@ def check_mesh_fits(spec: Any, nproc: int | None = None) -> None:
     tp, pp = _wanted(spec, nproc)
     if tp == 1 and pp == 1:
         return
-    from disttrain.distributed.pipeline import balanced_cuts
+    from disttrain.distributed.pipeline import STAGES_PER_RANK, balanced_cuts, block_names
     from disttrain.distributed.tensor_parallel import check_heads, tp_plan_for
     from disttrain.plan.job import task_of
     from disttrain.plan.trace import build_fake_model
@@ -59,8 +61,20 @@ def check_mesh_fits(spec: Any, nproc: int | None = None) -> None:
     if tp > 1:
         check_heads(model, tp)
         tp_plan_for(model, task.tp_plan)
-    if pp > 1:
-        balanced_cuts(model, task.fsdp_block, pp)
+    if pp > 1:   # interleaved 1F1B: two stages per rank, as the ranks will cut it
+        schedule = spec.parallelism.pp_schedule
+        per_rank = STAGES_PER_RANK.get(schedule, 1)
+        try:
+            balanced_cuts(model, task.fsdp_block, pp * per_rank)
+        except StrategyError:
+            if per_rank == 1:
+                raise
+            blocks = len(block_names(model, task.fsdp_block))
+            fix = (f" or --pp {blocks // per_rank}" if blocks // per_rank > 1
+                   else f" (interleaved needs at least {2 * per_rank} blocks)")
+            raise StrategyError(f"parallelism.pp_schedule: {schedule} cuts the model into "
+                                f"{per_rank} stages per rank, {pp * per_rank} for --pp {pp}, "
+                                f"but it has {blocks} blocks; use --pp-schedule 1f1b{fix}") from None
 
 
 def _wanted(spec: Any, nproc: int | None) -> tuple[int, int]:

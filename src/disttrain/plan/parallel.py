@@ -110,6 +110,13 @@ def _trace_pp(task: TrainTask, knobs: Knobs, batch: Any) -> TensorPeak:
 
     from disttrain.distributed.pipeline import balanced_cuts
 
+    if knobs.pp_schedule not in ("gpipe", "1f1b"):
+        # a rank of interleaved 1F1B runs two stages under one schedule, which picks its
+        # stages by the rank it is in the group: the fake world here is always rank 0
+        raise SpecError(f"parallelism.pp_schedule: the memory plan traces gpipe and 1f1b, not "
+                        f"{knobs.pp_schedule} yet; plan the job with --pp-schedule 1f1b (the "
+                        f"same parameters and optimizer state per rank, fewer micro-batches "
+                        f"in flight) and add headroom, or pass --no-plan to render/apply")
     if task.loss_fn is None:
         raise TaskError("pipeline parallel runs the loss on the last stage as loss_fn(output, "
                         "target); the task has only a step_fn: give it a loss_fn")

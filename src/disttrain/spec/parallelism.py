@@ -51,8 +51,9 @@ class ParallelismSpec(StrictModel):
                     "tp plan split over this many ranks (docs/strategies.md)")
     pp: int = Field(1, ge=-1, description="pipeline stages: the model split at its block "
                     "boundaries over this many ranks")
-    pp_schedule: Literal["gpipe", "1f1b"] = Field(
-        "1f1b", description="pipeline schedule (torch.distributed.pipelining)")
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = Field(
+        "1f1b", description="pipeline schedule (torch.distributed.pipelining); interleaved-1f1b "
+        "holds 2 model chunks per rank (stages r and r+pp), micro-batches a multiple of pp")
     microbatches: int = Field(4, ge=1, le=1024, description="pipeline micro-batches per batch "
                               "(a multiple of pp keeps every stage busy)")
 
@@ -183,7 +184,9 @@ def check_supported(d: Degrees, strategy: str) -> None:
 
 def check_microbatches(p: ParallelismSpec, batch_size: int) -> None:
     """Pipeline parallel splits each batch into `microbatches` equal parts (the stages are
-    traced for one part's shape), so the count must divide the per-process batch.
+    traced for one part's shape), so the count must divide the per-process batch; torch's
+    interleaved 1F1B also wants it a multiple of pp (checked here when pp is a number,
+    else in the ranks: `ModelParallel.setup`).
 
     Raises:
         SpecError: one line naming both numbers and the fix.
@@ -193,3 +196,7 @@ def check_microbatches(p: ParallelismSpec, batch_size: int) -> None:
                         f"train.batch_size {batch_size}; every micro-batch has the same rows "
                         f"(the pipeline's stages are traced for them): use a divisor of "
                         f"{batch_size}, or change --batch-size")
+    if p.pp_schedule == "interleaved-1f1b" and p.pp > 1 and p.microbatches % p.pp:
+        raise SpecError(f"parallelism.microbatches: {p.microbatches} is not a multiple of pp "
+                        f"{p.pp}, which interleaved-1f1b needs (torch's schedule); use "
+                        f"--microbatches {p.pp * max(1, p.microbatches // p.pp)}")

@@ -14,6 +14,11 @@ What each piece does differently from data parallel, and why:
   and its stop agreement rely on; the cost is one index gather of unused data;
 - pp traces its stages for micro-batches of `batch_size / microbatches` rows, so an
   epoch's short last batch is dropped (`SampledLoader.whole_batches`);
+- interleaved 1F1B (`--pp-schedule interleaved-1f1b`): two chunks per rank (stages r and
+  r + pp of 2 * pp, torch's loop layout) held in one ModuleDict as `model`: the optimizer
+  covers both, the DCP checkpoint names them by stage ("stage2.blocks.2...."), evaluation
+  runs the stages in order (rank 0, 1, ..., 0, 1, ...), the .pt and the sync check use the
+  model's own names;
 - the loss on pp is the last stage's, broadcast over the stage group for the log; the
   schedule runs with `scale_grads=False` and the loss is divided by the micro-batch count
   instead (torch's division would also hit the gradients accumulated by earlier micro-steps);
@@ -46,7 +51,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import IterableDataset, default_collate
 
 from disttrain.distributed.mesh import build_mesh, data_rank
-from disttrain.distributed.pipeline import PipelinedModel, balanced_cuts
+from disttrain.distributed.pipeline import STAGES_PER_RANK, PipelinedModel, balanced_cuts, block_names
 from disttrain.distributed.runtime import Runtime
 from disttrain.distributed.sync_check import SyncReport, check_copies_in_sync, dtensor_copies
 from disttrain.errors import SpecError, StrategyError
@@ -88,8 +93,11 @@ class ModelParallel:
         return f"{self.dp}+{base}" if self.dp else base
 
     def describe(self) -> str:
-        extra = (f", stage {self.pipe.stage_index + 1} of {self.pipe.num_stages}, "
-                 f"{self.microbatches} micro-batches") if self.pipe is not None else ""
+        extra = ""
+        if self.pipe is not None:
+            held = " and ".join(str(i + 1) for i in self.pipe.chunks)
+            extra = (f", stage{'s' if len(self.pipe.chunks) > 1 else ''} {held} of "
+                     f"{self.pipe.total_stages}, {self.microbatches} micro-batches")
         return f"parallelism: {self.degrees.describe()} ({self.kind}{extra}; data slices: {self.dp_size})"
 
     # -- build ------------------------------------------------------------------------
@@ -147,7 +155,21 @@ class ModelParallel:
             # mean over the batch = mean of equal micro-batches; times the accumulation weight
             return loss_fn(output, target) * (mp.weight / mp.microbatches)
 
-        mp.pipe = PipelinedModel.build(model, balanced_cuts(model, task.fsdp_block, degrees.pp),
+        per_rank = STAGES_PER_RANK.get(p.pp_schedule, 1)
+        if per_rank > 1 and p.microbatches % degrees.pp:
+            raise SpecError(f"parallelism.microbatches: {p.microbatches} is not a multiple of "
+                            f"pp {degrees.pp}, which {p.pp_schedule} needs (torch); use "
+                            f"--microbatches {degrees.pp * max(1, p.microbatches // degrees.pp)}")
+        stages = degrees.pp * per_rank
+        if per_rank > 1 and task.fsdp_block is not None:
+            blocks = len(block_names(model, task.fsdp_block))
+            if stages > blocks:
+                raise StrategyError(f"parallelism.pp: {p.pp_schedule} cuts {stages} stages "
+                                    f"({per_rank} per rank) but the model has {blocks} blocks "
+                                    f"({type(model).__name__}); use "
+                                    + (f"--pp {blocks // per_rank} or fewer, or " if blocks >= 2 * per_rank
+                                       else "") + "--pp-schedule 1f1b (one stage per rank)")
+        mp.pipe = PipelinedModel.build(model, balanced_cuts(model, task.fsdp_block, stages),
                                        (example,), mesh["pp"], p.pp_schedule, p.microbatches,
                                        staged_loss, rt.device, scale_grads=False)
         mp.model = mp.pipe.stage_module
@@ -258,13 +280,9 @@ class ModelParallel:
         """Each tensor compared among the ranks that hold the same copy of it."""
         if self.pipe is None:
             return check_copies_in_sync(dtensor_copies(self.model, "state"))
-        from disttrain.distributed.pipeline import _used_params
-
-        used = _used_params(self.model)
         canonical = {a: aliases[0] for aliases in self.pipe.tied for a in aliases}
-        items = [(canonical.get(n, n), p.detach()) for n, p in self.model.named_parameters()
-                 if n in used]
-        items += [(n, b) for n, b in self.model.named_buffers()]
+        items = [(canonical.get(n, n), p.detach()) for n, p in self.pipe.named_used_parameters()]
+        items += self.pipe.named_buffers()
         return check_copies_in_sync(items)
 
 
@@ -287,7 +305,7 @@ class PipelineEvaluator(Evaluator):
         was_training = model.training
         model.eval()
         ranks = _ranks(pipe.group)
-        first, last = pipe.stage_index == 0, pipe.is_last
+        total = pipe.total_stages   # stage s runs on rank s % pp (one stage per rank: s)
         sums = torch.zeros(2 * len(self.names), dtype=torch.float64, device=self.rt.device)
         rows = self.mp.rows
         for batch, real in self._batches():
@@ -297,13 +315,15 @@ class PipelineEvaluator(Evaluator):
                 n = len(x)
                 if n < rows:   # pad to the traced shape; the copies are not scored
                     x = torch.cat([x, x[:1].expand(rows - n, *x.shape[1:])])
-                h = x if first else _recv(ranks[pipe.stage_index - 1], pipe.group, self.rt.device)
-                with self.precision.autocast():
-                    h = _single(model(h))
-                if not last:
-                    _send(h, ranks[pipe.stage_index + 1], pipe.group)
-                    continue
-                if not real:
+                h = x
+                for index, chunk in pipe.chunks.items():   # this rank's stages, in order
+                    if index:
+                        h = _recv(ranks[(index - 1) % len(ranks)], pipe.group, self.rt.device)
+                    with self.precision.autocast():
+                        h = _single(chunk(h))
+                    if index < total - 1:
+                        _send(h, ranks[(index + 1) % len(ranks)], pipe.group)
+                if total - 1 not in pipe.chunks or not real:
                     continue
                 h = h[:n]
                 sums[0] += self.task.loss_fn(h, y).detach().double() * n
