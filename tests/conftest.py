@@ -31,11 +31,12 @@ DISTTRAIN = [sys.executable, "-m", "disttrain.cli.main"]
 # first), so they start first and the two workers end together instead of one waiting on
 # the other's last long file. A file missing here only runs later; nothing else depends on it.
 LONGEST_FIRST = (
+    "tests/distributed/test_parallel_trainer.py",   # makes the session's one-process run
     "tests/resilience/test_hosts.py",
-    "tests/train/test_task_trainer.py",
-    "tests/distributed/test_composed_parallel.py",
+    "tests/distributed/test_composed_parallel.py",  # reads it (tests/distributed/conftest.py)
+    "tests/distributed/test_pp_interleaved.py",
     "tests/k8s/test_gang_local.py",
-    "tests/distributed/test_parallel_trainer.py",   # shares composed's one-process run
+    "tests/train/test_task_trainer.py",
     "tests/cli/test_run_cli.py",
     "tests/cli/test_run_script_watch.py",
     "tests/resilience/test_resilience.py",
