@@ -5,9 +5,12 @@ shared by the pytest-xdist workers (`_made_once`), not once per file."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from tests.conftest import _made_once, run_cli
 
@@ -32,3 +35,33 @@ def chargpt_one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return cwd / "one"
 
     return _made_once(tmp_path_factory, "chargpt-one-process", make)
+
+
+def run_chargpt(base: Path, name: str, nproc: int, *extra: str, job: tuple[str, ...],
+                env: dict | None = None) -> Path:
+    """`disttrain run` of `job` on `nproc` processes into `base/name`; with a fault in
+    `env`, also that it fired and the job resumed."""
+    res = run_cli(*job, "--nproc-per-node", str(nproc), "--run-dir", name, *extra, cwd=base,
+                  timeout=420, env=env)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    if env and "DISTTRAIN_FAULT" in env:
+        assert "disttrain fault injection" in out, "the fault never fired"
+        assert "resumed from" in out, out[-4000:]
+    return base / name
+
+
+def rank_losses(run: Path, rank: int = 0) -> dict[int, float]:
+    """{step: loss} of one rank's train rows."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r.get("split") == "train" and r["rank"] == rank}
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The consolidated weights of the step-CHARGPT_STEPS checkpoint."""
+    path = run / "checkpoints" / f"ckpt-{CHARGPT_STEPS:08d}.pt"
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def summary_of(run: Path) -> dict[str, Any]:
+    return json.loads((run / "summary.json").read_text())

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from tests.conftest import DISTTRAIN, run_cli
-from tests.distributed.conftest import CHARGPT_JOB, CHARGPT_STEPS
+from tests.distributed.conftest import CHARGPT_JOB, CHARGPT_STEPS, final_weights, summary_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -98,15 +98,6 @@ def _losses(run: Path) -> dict[int, dict[int, float]]:
     return out
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    path = run / "checkpoints" / f"ckpt-{STEPS:08d}.pt"
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]
-
-
-def _summary(run: Path) -> dict[str, Any]:
-    return json.loads((run / "summary.json").read_text())
-
-
 @pytest.mark.parametrize("name", ["ddp+pp", "fsdp+tp", "ddp+tp"])
 def test_four_ranks_train_the_same_model_as_one_process(runs, name):
     one, run = runs["one"], runs[name]
@@ -119,13 +110,13 @@ def test_four_ranks_train_the_same_model_as_one_process(runs, name):
     torch.testing.assert_close(
         torch.tensor([sum(got[s].values()) / 4 for s in sorted(got)]),
         torch.tensor([reference[s][0] for s in sorted(reference)]), rtol=RTOL, atol=ATOL)
-    ref_w, got_w = _weights(one), _weights(run)
+    ref_w, got_w = final_weights(one), final_weights(run)
     assert got_w.keys() == ref_w.keys()
     for key, value in ref_w.items():   # full tensors: the fused qkv rows in the model's order
         torch.testing.assert_close(got_w[key], value, rtol=RTOL, atol=ATOL,
                                    msg=lambda m, key=key: f"{key}: {m}")
-    summary = _summary(run)
-    torch.testing.assert_close(summary["test_loss"], _summary(one)["test_loss"], rtol=RTOL, atol=ATOL)
+    summary = summary_of(run)
+    torch.testing.assert_close(summary["test_loss"], summary_of(one)["test_loss"], rtol=RTOL, atol=ATOL)
     assert summary["strategy_effective"] == name
     assert summary["global_batch"] == 8 and summary["lr_effective"] == 0.5
     # the end-of-run check compared the data-parallel replicas' copies and found them equal
@@ -142,11 +133,11 @@ def test_killed_run_resumes_to_the_uninterrupted_parameters(runs, name):
     stage's part, written once for its two replicas) and end bitwise equal to the
     uninterrupted run of the same topology."""
     run, full = runs[f"{name} killed"], runs[name]
-    got, want = _weights(run), _weights(full)
+    got, want = final_weights(run), final_weights(full)
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert torch.equal(got[key], value), key
-    assert _summary(run)["params_sha256_per_rank"] == _summary(full)["params_sha256_per_rank"]
+    assert summary_of(run)["params_sha256_per_rank"] == summary_of(full)["params_sha256_per_rank"]
     resumed, uninterrupted = _losses(run), _losses(full)
     assert set(range(11, STEPS + 1)) <= set(resumed)
     assert all(resumed[s] == uninterrupted[s] for s in range(11, STEPS + 1))

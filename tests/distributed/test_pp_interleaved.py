@@ -13,15 +13,21 @@ Resumed against the uninterrupted run: bitwise. About 90 s on 2 CPU cores.
 
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from tests.conftest import run_cli
-from tests.distributed.conftest import CHARGPT_JOB, CHARGPT_STEPS
+from tests.distributed.conftest import (
+    CHARGPT_JOB,
+    CHARGPT_STEPS,
+    final_weights,
+    rank_losses,
+    run_chargpt,
+    summary_of,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.usefixtures("no_stray_workers")]
 
@@ -33,29 +39,7 @@ INTERLEAVED = ("--pp", "2", "--pp-schedule", "interleaved-1f1b")
 RTOL, ATOL = 1e-4, 5e-5
 
 
-def _run(base: Path, name: str, nproc: int, *extra: str, env: dict | None = None) -> Path:
-    res = run_cli(*JOB, "--nproc-per-node", str(nproc), "--run-dir", name, *extra, cwd=base,
-                  timeout=420, env=env)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
-    if env and "DISTTRAIN_FAULT" in env:
-        assert "disttrain fault injection" in out, "the fault never fired"
-        assert "resumed from" in out, out[-4000:]
-    return base / name
-
-
-def _losses(run: Path, rank: int = 0) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r.get("split") == "train" and r["rank"] == rank}
-
-
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    path = run / "checkpoints" / f"ckpt-{STEPS:08d}.pt"
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]
-
-
-def _summary(run: Path) -> dict[str, Any]:
-    return json.loads((run / "summary.json").read_text())
+_run = functools.partial(run_chargpt, job=JOB)
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +51,22 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_interleaved_two_ranks_train_the_same_model_as_one_process(runs):
     one, run = runs["one"], runs["interleaved"]
-    reference = _losses(one)
+    reference = rank_losses(one)
     assert sorted(reference) == list(range(1, STEPS + 1))
     assert reference[STEPS] < reference[1] - 0.5           # it learns something
     for rank in (0, 1):   # every rank logs the loss (the last stage's, broadcast)
-        got = _losses(run, rank)
+        got = rank_losses(run, rank)
         assert sorted(got) == sorted(reference)
         torch.testing.assert_close(torch.tensor([got[s] for s in sorted(got)]),
                                    torch.tensor([reference[s] for s in sorted(reference)]),
                                    rtol=RTOL, atol=ATOL)
-    ref_w, got_w = _weights(one), _weights(run)
+    ref_w, got_w = final_weights(one), final_weights(run)
     assert got_w.keys() == ref_w.keys()      # the .pt: the model's own names, not the chunks'
     for name, value in ref_w.items():
         torch.testing.assert_close(got_w[name], value, rtol=RTOL, atol=ATOL,
                                    msg=lambda m, name=name: f"{name}: {m}")
-    summary = _summary(run)
-    torch.testing.assert_close(summary["test_loss"], _summary(one)["test_loss"], rtol=RTOL, atol=ATOL)
+    summary = summary_of(run)
+    torch.testing.assert_close(summary["test_loss"], summary_of(one)["test_loss"], rtol=RTOL, atol=ATOL)
     assert summary["params_in_sync"] is True
     assert summary["global_batch"] == 8 and summary["strategy_effective"] == "pp"
 
@@ -93,15 +77,15 @@ def test_interleaved_killed_and_resumed_run_ends_with_the_uninterrupted_paramete
     run = _run(tmp_path, "killed", 2, *INTERLEAVED, "--max-restarts", "1",
                env={"DISTTRAIN_FAULT": "kill:rank=1:step=15"})
     full = runs["interleaved"]
-    got, want = _weights(run), _weights(full)
+    got, want = final_weights(run), final_weights(full)
     assert got.keys() == want.keys()
     for name, value in want.items():
         assert torch.equal(got[name], value), name
-    assert _summary(run)["params_sha256_per_rank"] == _summary(full)["params_sha256_per_rank"]
+    assert summary_of(run)["params_sha256_per_rank"] == summary_of(full)["params_sha256_per_rank"]
     for rank in (0, 1):
-        got_l = _losses(run, rank)
+        got_l = rank_losses(run, rank)
         assert set(range(11, STEPS + 1)) <= set(got_l)
-        assert got_l == {step: v for step, v in _losses(full, rank).items() if step in got_l}
+        assert got_l == {step: v for step, v in rank_losses(full, rank).items() if step in got_l}
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = FileSystemReader(str(run / "checkpoints" / f"dcp-{STEPS:08d}")).read_metadata().state_dict_metadata

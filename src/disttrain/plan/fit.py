@@ -148,17 +148,10 @@ def search_fit(task: TrainTask, knobs: Knobs, gpumem: int | None, procs: int,
         return Suggestion(None, None, None, tried)   # the contexts alone overflow it: no knob helps
     batches: dict[int, Any] = {}
     deadline = time.monotonic() + SEARCH_BUDGET_S
-    for changed, flags in itertools.islice(combinations(knobs), MAX_TRIES):
-        if time.monotonic() > deadline:
-            break
-        if changed.batch_size not in batches:
-            batches[changed.batch_size] = first_batch(task, changed.batch_size, changed.world_size)
-        peak = trace_memory(task, changed, batches[changed.batch_size])
-        need = slice_request(peak.peak_bytes, procs, changed.world_size, overhead).gpumem_mib
-        tried.append((flags, need))
-        if gpumem is not None and need <= gpumem:
-            return Suggestion(flags, need, peak.peak_bytes, tried)
-    for changed, flags in itertools.islice(degree_options(task, knobs), DEGREE_TRIES):
+    # the cheap knobs first, then tp / pp degrees (a collective per layer, or a bubble)
+    options = itertools.chain(itertools.islice(combinations(knobs), MAX_TRIES),
+                              itertools.islice(degree_options(task, knobs), DEGREE_TRIES))
+    for changed, flags in options:
         if time.monotonic() > deadline:
             break
         if changed.batch_size not in batches:
