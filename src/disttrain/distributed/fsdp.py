@@ -219,10 +219,17 @@ def retire_gloo_collectives(model: nn.Module) -> bool:
     no longer frees the buffer: the worker does, whenever it next gets the GIL. How many
     units' buffers are alive at the peak then moves from run to run (measured 1.0-1.23x the
     prompt-release figure), while NCCL releases them in `wait()` on the main thread. Here
-    each collective is issued on a fresh view of its input, whose Python object torch keeps
-    alive exactly as long as the work holds the view's TensorImpl; the call waits (GIL
-    released) until that weak reference dies, i.e. the work is destroyed. The run's memory
-    is then what FSDP itself keeps, the figure `disttrain plan` traces (docs/memory.md).
+    each collective is issued on fresh views of its tensors, whose Python objects torch
+    keeps alive exactly as long as the work holds their TensorImpls; the call waits (GIL
+    released) until the weak references die, i.e. the work is destroyed.
+
+    The reduce-scatter is gloo's own algorithm without its private buffer:
+    `ProcessGroupGloo::reduce_scatter_tensor_coalesced` all-reduces `input.clone()` and
+    copies this rank's chunk out, and that clone, a full-size buffer no view of ours
+    reaches, died on `pt_gloo_runloop` after the call in about 1 run in 5 (+7% on a
+    two-layer model's peak). `InPlaceReduceScatter` all-reduces FSDP's input buffer itself,
+    which FSDP discards after the collective. The run's memory is then what FSDP itself
+    keeps, the figure `disttrain plan` traces (docs/memory.md).
 
     Returns:
         True when installed; False on a torch without custom FSDP2 comms (before 2.8) or an
@@ -242,38 +249,46 @@ def retire_gloo_collectives(model: nn.Module) -> bool:
     class RetiredAllGather(DefaultAllGather):  # type: ignore[misc, valid-type]
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                      group: Any, async_op: bool = False) -> Any:
-            return _retired(lambda view: dist.all_gather_single(
-                output_tensor, view, group=group, async_op=True), input_tensor, async_op)
+            return _retired(lambda out, inp: dist.all_gather_single(
+                out, inp, group=group, async_op=True), (output_tensor, input_tensor), async_op)
 
-    class RetiredReduceScatter(DefaultReduceScatter):  # type: ignore[misc, valid-type]
+    class InPlaceReduceScatter(DefaultReduceScatter):  # type: ignore[misc, valid-type]
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                      group: Any, op: Any, async_op: bool = False) -> Any:
-            return _retired(lambda view: dist.reduce_scatter_single(
-                output=output_tensor, input=view, group=group, op=op, async_op=True),
-                input_tensor, async_op)
+            # gloo's own reduce-scatter all-reduces a clone of the input and copies this
+            # rank's chunk out; FSDP drops its input buffer after the collective, so the
+            # same all-reduce runs on the buffer itself: the same bytes on the wire, one
+            # full-size clone less (freed by gloo's worker whenever it ran: the rest of the
+            # run-to-run spread in a gloo FSDP run's peak)
+            work = _retired(lambda inp: dist.all_reduce(
+                inp, op=op, group=group, async_op=True), (input_tensor,), async_op)
+            world, rank = dist.get_world_size(group), dist.get_rank(group)
+            output_tensor.copy_(input_tensor.view(world, -1)[rank].view(output_tensor.shape))
+            return work
 
     for unit in units:
         unit.set_custom_all_gather(RetiredAllGather())
-        unit.set_custom_reduce_scatter(RetiredReduceScatter())
+        unit.set_custom_reduce_scatter(InPlaceReduceScatter())
     return True
 
 
 RETIRE_WAIT_S = 10.0   # a worker that holds a finished work longer is left to free it itself
 
 
-def _retired(issue: Any, input_tensor: torch.Tensor, async_op: bool) -> Any:
-    """Issue a collective on a view of `input_tensor`; wait for it and for gloo's worker to
-    destroy the work (see `retire_gloo_collectives`). An async caller gets a finished work."""
-    view = input_tensor.view(input_tensor.shape)
-    alive = weakref.ref(view)
-    work = issue(view)
-    del view
+def _retired(issue: Any, tensors: tuple[torch.Tensor, ...], async_op: bool) -> Any:
+    """Issue a collective on fresh views of `tensors`; wait for it and for gloo's worker to
+    destroy the work (see `retire_gloo_collectives`). An async caller gets a finished
+    work."""
+    views = [t.view(t.shape) for t in tensors]
+    alive = [weakref.ref(v) for v in views]
+    work = issue(*views)
+    del views
     work.wait()
     if async_op:
         return work   # the caller holds the work: its tensors live until it drops it
     del work
     deadline = time.monotonic() + RETIRE_WAIT_S
-    while alive() is not None and time.monotonic() < deadline:
+    while any(ref() is not None for ref in alive) and time.monotonic() < deadline:
         time.sleep(0.0001)
     return None
 
