@@ -214,8 +214,13 @@ def test_task_failing_in_the_workers_is_reported_once(task_dir, ref, launcher, m
     # the kind travelled typed: each rank's record in the run dir (errors.Failure)
     records = [json.loads(p.read_text()) for p in task_dir.glob("runs/*/failures/rank-*.json")]
     assert sorted(r["rank"] for r in records) == [0, 1], records
-    assert {(r["kind"], r["error"]) for r in records} == {("task", "TaskError")}
-    assert message.removeprefix("error: ") in records[0]["message"]
+    kinds = {r["rank"]: (r["kind"], r["error"]) for r in records}
+    # every rank raises in the factory; a rank still inside a collective when its peer
+    # left with the error records that as a crash of its own (seen under load, -n 3)
+    assert ("task", "TaskError") in kinds.values(), records
+    assert set(kinds.values()) <= {("task", "TaskError"), ("crash", "RuntimeError")}, records
+    task_records = [r for r in records if r["kind"] == "task"]
+    assert all(message.removeprefix("error: ") in r["message"] for r in task_records)
 
 
 def test_worker_reports_a_task_error_with_exit_2(task_dir):

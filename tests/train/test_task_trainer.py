@@ -201,6 +201,9 @@ def test_a_non_scalar_loss_is_named(tmp_path: Path) -> None:
 
 
 FIT_SCRIPT = """
+import os
+import sys
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -213,10 +216,12 @@ task = disttrain.TrainTask(model=lambda: nn.Linear(4, 2), train_data=TensorDatas
                            eval_data=TensorDataset(x, y), loss_fn=nn.CrossEntropyLoss())
 spec = disttrain.JobSpec.from_dict({}, {"epochs": 3, "run_dir": "out", "lr": 0.05})
 summary = disttrain.fit(task, spec)
-# one string, one write: print("RANK", a, b) writes each piece and separator on its own,
-# and the two ranks share torchrun's stdout ("RANKRANK 0 True ..." then " 1 True ..." was seen)
-print(f"RANK {summary['rank']} {summary['params_in_sync']} {round(summary['eval']['loss'], 6)}",
-      flush=True)
+# one line, one write(2): print writes each piece, separator and end on its own, and the
+# two ranks share torchrun's stdout ("RANKRANK 0 True ..." and "RANK 0 True 0.23RANK 1 ..."
+# were seen)
+line = f"RANK {summary['rank']} {summary['params_in_sync']} {round(summary['eval']['loss'], 6)}"
+sys.stdout.flush()
+os.write(1, (line + "\\n").encode())
 """
 
 
@@ -233,7 +238,7 @@ def test_fit_under_plain_torchrun(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     # found anywhere in a line: both ranks write to torchrun's one stdout (each rank's
     # line is one write; disttrain's own output may still end up around it)
-    ranks = sorted(re.findall(r"RANK (\d) (\w+) (\S+)", out.stdout))
+    ranks = sorted(re.findall(r"RANK (\d) (True|False) ([0-9.]+)", out.stdout))
     assert [r[:2] for r in ranks] == [("0", "True"), ("1", "True")], out.stdout[-3000:]
     assert ranks[0][2] == ranks[1][2]   # the same eval loss on both ranks
     assert (tmp_path / "out" / "summary.json").is_file()
