@@ -124,6 +124,22 @@ def test_four_ranks_train_the_same_model_as_one_process(runs, name):
     assert "held by several ranks compared" in summary["params_check"]
     if name.startswith("ddp"):   # every stage / tp shard has a dp replica to be compared with
         assert "held by one rank only" not in summary["params_check"], summary["params_check"]
+    # the gradient bytes a rank reduces per step are its piece's, counted after the split:
+    # a tp half (replicated norms whole) or a pipeline stage, never the whole model (what
+    # FSDP x TP reported before) nor nothing (what DDP x TP / PP reported)
+    whole = _model_bytes()
+    sent = summary["allreduce_bytes_per_step"]
+    low = whole // 2 if name.endswith("tp") else 1
+    assert low <= sent < whole, (sent, whole)
+
+
+def _model_bytes() -> int:
+    """The bytes of the job's chargpt's parameters, built whole on this process."""
+    from disttrain.examples.chargpt import make_task
+
+    args = json.loads(JOB[JOB.index("--task-args") + 1])
+    model = make_task(**args).model()
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @pytest.mark.parametrize("name", ["fsdp+tp", "ddp+pp"])

@@ -159,6 +159,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     if spec.parallelism.model_parallel:  # tp / pp: a mesh instead of a DDP/FSDP wrapper
         parallel = ModelParallel.setup(spec, rt, task, model)
         model, strategy = parallel.model, parallel.kind
+        fsdp_bytes = parallel.reduced_grad_bytes()   # the split model's, not the whole one's
         notes.append(parallel.describe())
     if parallel is not None:
         pass  # split in place on this rank's device: nothing to wrap

@@ -201,6 +201,26 @@ class ModelParallel:
         self.dp = "ddp"
         self.averaged = self.parameters()
 
+    def reduced_grad_bytes(self) -> int:
+        """Gradient bytes this rank sends into the data-parallel reduction per optimizer
+        step (summary.json's `allreduce_bytes_per_step`): under ddp the replicas' all-reduce
+        of `averaged`; under fsdp the reduce-scatter input, this rank's tp piece of each
+        parameter (the local FSDP shard times the dp degree), plus the fused biases it
+        averages by hand; 0 without data parallel. Counted from the split model, so a tp
+        piece counts as a tp piece (counting the model before the split gave tp times too
+        much)."""
+        from torch.distributed.tensor import DTensor
+
+        if not self.dp:
+            return 0
+        by_hand = {id(p) for p in self.averaged}
+        total = 0
+        for p in self.parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            share = 1 if self.dp == "ddp" or id(p) in by_hand else self.dp_size
+            total += local.numel() * share * local.element_size()
+        return total
+
     def parameters(self) -> list[nn.Parameter]:
         """What this rank's optimizer updates."""
         params = self.pipe.parameters() if self.pipe is not None else list(self.model.parameters())
