@@ -133,6 +133,21 @@ def test_four_ranks_train_the_same_model_as_one_process(runs, name):
     assert low <= sent < whole, (sent, whole)
 
 
+def test_fsdp_tp_reduces_in_bf16_with_comm_hook_bf16(runs, tmp_path):
+    """--comm-hook bf16 under FSDP2 x TP: FSDP reduces the gradients in bf16 (its
+    MixedPrecisionPolicy), as under plain FSDP, instead of a note that the flag was ignored."""
+    res = run_cli(*JOB[:JOB.index("--max-steps") + 1], "3", *JOB[JOB.index("--max-steps") + 2:],
+                  *RUNS["fsdp+tp"], "--comm-hook", "bf16", "--run-dir", "bf16", cwd=tmp_path,
+                  timeout=400)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    summary = summary_of(tmp_path / "bf16")
+    assert summary["comm_hook"] == "bf16" and summary["strategy_effective"] == "fsdp+tp"
+    assert not any("ignored" in note for note in summary["notes"]), summary["notes"]
+    fp32 = summary_of(runs["fsdp+tp"])["allreduce_bytes_per_step"]
+    # FSDP's bytes halve; the fused biases it leaves out are averaged in fp32 by hand
+    assert fp32 / 2 <= summary["allreduce_bytes_per_step"] < 0.6 * fp32, (summary, fp32)
+
+
 def _model_bytes() -> int:
     """The bytes of the job's chargpt's parameters, built whole on this process."""
     from disttrain.examples.chargpt import make_task

@@ -58,11 +58,12 @@ def _rank() -> dict[str, Any]:
         # the in-place reduce-scatter against gloo's own, SUM and AVG (FSDP's fp32 op)
         same = {}
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-            source = torch.arange(8.0) * (rank + 1)
-            ours, theirs = torch.empty(4), torch.empty(4)
-            dist.reduce_scatter_tensor(theirs, source.clone(), op=op)
-            reduce_scatter(ours, source.clone(), dist.group.WORLD, op)
-            same[str(op)] = torch.equal(ours, theirs)
+            for dtype in (torch.float32, torch.bfloat16):   # bf16: --comm-hook bf16
+                source = (torch.arange(8.0) * (rank + 1)).to(dtype)
+                ours, theirs = torch.empty(4, dtype=dtype), torch.empty(4, dtype=dtype)
+                dist.reduce_scatter_tensor(theirs, source.clone(), op=op)
+                reduce_scatter(ours, source.clone(), dist.group.WORLD, op)
+                same[f"{op} {dtype}"] = torch.equal(ours, theirs)
 
         # the tracked peak of one training step, again and again: a buffer gloo's worker
         # frees late shows as a higher peak in some steps

@@ -62,15 +62,16 @@ def fused_tp(p: torch.Tensor) -> bool:
 
 
 def fully_shard_tp(model: nn.Module, dp_mesh: DeviceMesh, unit_types: tuple[type, ...] | None,
-                   gloo: bool) -> list[nn.Parameter]:
+                   gloo: bool, reduce_dtype: torch.dtype | None = None) -> list[nn.Parameter]:
     """FSDP2 over a tp-parallelized `model`: one unit per `unit_types` instance (a
-    transformer block) plus the root, over `dp_mesh`.
+    transformer block) plus the root, over `dp_mesh`; gradients reduced in `reduce_dtype`
+    (`--comm-hook bf16` / `fp16`, as `wrap_fsdp` does; None: the parameters' dtype).
 
     Returns:
         The parameters FSDP leaves alone (fused 1-D biases, see the module docstring):
         the caller averages their gradients over the dp group before each optimizer step.
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from disttrain.distributed.fsdp import retire_gloo_collectives
 
@@ -82,7 +83,8 @@ def fully_shard_tp(model: nn.Module, dp_mesh: DeviceMesh, unit_types: tuple[type
         taken = {q.dim for q in p.placements if isinstance(q, (Shard, _StridedShard))}
         return Shard(next(d for d in range(p.ndim) if d not in taken))   # GPT2's Conv1D: dim 0
 
-    extra: dict[str, Any] = {"shard_placement_fn": placement, "ignored_params": set(kept)}
+    extra: dict[str, Any] = {"shard_placement_fn": placement, "ignored_params": set(kept),
+                             "mp_policy": MixedPrecisionPolicy(reduce_dtype=reduce_dtype)}
     units = [m for m in model.modules() if unit_types and isinstance(m, unit_types) and m is not model]
     for unit in units:
         fully_shard(unit, mesh=dp_mesh, **extra)

@@ -190,6 +190,11 @@ def wrap_fsdp(model: nn.Module, rt: Runtime, sharding: str = "full",
     return _wrap_fsdp1(model, rt, sharding, min_params, reduce_dtype, mesh, unit_types)
 
 
+# --comm-hook fp16 / bf16 under FSDP: the dtype gradients are reduced in (DDP's hooks'
+# counterpart; FSDP has no comm hook)
+REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def cpu_offloaded(model: nn.Module) -> bool:
     """True when `model` is an FSDP2 model wrapped with CPU offload (`wrap_fsdp(cpu_offload=
     True)`). Read from FSDP2's own state (private fields, so a torch that moves them answers

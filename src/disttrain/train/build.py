@@ -32,6 +32,7 @@ from torch.utils.data import IterableDataset, TensorDataset
 
 from disttrain.distributed.activation_ckpt import enable_grad_ckpt
 from disttrain.distributed.comm_hooks import CommStats, register_comm_hook
+from disttrain.distributed.fsdp import REDUCE_DTYPES
 from disttrain.distributed.process import seed_everything
 from disttrain.distributed.runtime import Runtime
 from disttrain.distributed.strategies import (
@@ -57,7 +58,6 @@ from disttrain.train.trainer import Trainer
 
 __all__ = ["build_trainer", "make_loader", "make_model", "planned_steps", "task_for"]
 EVAL_BATCH = 1024   # held-out samples per forward (no gradients: larger than training's)
-REDUCE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def planned_steps(cfg: TrainSpec, batches_per_epoch: int) -> int:
@@ -176,7 +176,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     if strategy == "ddp":
         steps = planned_steps(cfg, len(loader)) if isinstance(loader, SampledLoader) else 1000
         comm = register_comm_hook(model, cfg.comm_hook, steps, poll=rt.backend == "gloo")
-    elif cfg.comm_hook != "none" and strategy != "fsdp":
+    elif cfg.comm_hook != "none" and strategy not in ("fsdp", "fsdp+tp"):
         notes.append(f"comm_hook {cfg.comm_hook}: only DDP communicates gradients; ignored "
                      f"with strategy {strategy}")
     lr = scaled_lr(cfg.lr, cfg.lr_scaling, cfg.batch_size, data_ranks, cfg.grad_accum)
@@ -202,7 +202,7 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
         global_batch=global_batch(cfg.batch_size, data_ranks, cfg.grad_accum),
         lr_base=cfg.lr, lr_effective=lr, lr_scaling=cfg.lr_scaling,
         warmup_steps=cfg.warmup_steps, precision=cfg.precision,
-        comm_hook=cfg.comm_hook if strategy in ("ddp", "fsdp") else "none",
+        comm_hook=cfg.comm_hook if strategy in ("ddp", "fsdp", "fsdp+tp") else "none",
         optimizer=describe(optimizer), torch_version=torch.__version__,
         train_samples=_length(task.train_data), test_samples=_length(task.eval_data),
         data_preloaded=preloaded,

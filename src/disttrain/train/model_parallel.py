@@ -84,6 +84,7 @@ class ModelParallel:
     # `averaged`: the fused biases it leaves alone; disttrain.distributed.composed)
     dp: str = ""
     averaged: list[nn.Parameter] = field(default_factory=list)
+    reduce_dtype: torch.dtype | None = None   # fsdp: --comm-hook bf16 / fp16's dtype
     dp_group: Any = None
 
     @property
@@ -195,8 +196,12 @@ class ModelParallel:
             block = task.fsdp_block
             units = block if isinstance(block, tuple) else ((block,) if block is not None else None)
             self.dp = "fsdp"
+            from disttrain.distributed.fsdp import REDUCE_DTYPES
+
+            self.reduce_dtype = REDUCE_DTYPES.get(cfg.comm_hook)
             self.averaged = fully_shard_tp(self.model, self.mesh["dp_shard"], units,
-                                           gloo=rt.backend == "gloo")
+                                           gloo=rt.backend == "gloo",
+                                           reduce_dtype=self.reduce_dtype)
             return
         self.dp = "ddp"
         self.averaged = self.parameters()
@@ -217,8 +222,11 @@ class ModelParallel:
         total = 0
         for p in self.parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
-            share = 1 if self.dp == "ddp" or id(p) in by_hand else self.dp_size
-            total += local.numel() * share * local.element_size()
+            if self.dp == "ddp" or id(p) in by_hand:   # all-reduced as they are
+                total += local.numel() * local.element_size()
+                continue
+            size = torch.empty((), dtype=self.reduce_dtype or local.dtype).element_size()
+            total += local.numel() * self.dp_size * size
         return total
 
     def parameters(self) -> list[nn.Parameter]:
