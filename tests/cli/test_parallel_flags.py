@@ -34,6 +34,10 @@ REFUSED = {
               "parallelism.tp: 3 does not divide the model's 4 heads"),
     "heads-rest": (("--tp", "-1", "--nproc-per-node", "3"),   # -1 = every rank = 3
                    "parallelism.tp: 3 does not divide the model's 4 heads"),
+    "hook-ddp": (("--tp", "2", "--nproc-per-node", "4", "--comm-hook", "bf16"),
+                 "train.comm_hook: bf16 with tp / pp does not apply"),
+    "hook-fsdp-powersgd": (("--tp", "2", "--nproc-per-node", "4", "--strategy", "fsdp",
+                            "--comm-hook", "powersgd"), "train.comm_hook: powersgd"),
     "blocks": (("--pp", "4", "--nproc-per-node", "4"),
                "parallelism.pp: 4 stages but the model has 3 blocks (CharGPT); use --pp 3 or fewer"),
 }

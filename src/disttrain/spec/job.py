@@ -318,6 +318,15 @@ class JobSpec(StrictModel):
             raise ValueError("parallelism: the built-in Trainer's mesh; a script builds its own "
                              "(torch.distributed.device_mesh); remove the section or the flags")
         check_microbatches(self.parallelism, self.train.batch_size)
+        hook = self.train.comm_hook
+        if self.parallelism.model_parallel and hook != "none" and not (
+                self.train.strategy == "fsdp" and hook in ("fp16", "bf16")):
+            # a split model's replicas average by hand (distributed.composed.average_grads),
+            # not through DDP's hook; FSDP2 x TP takes fp16 / bf16 as its reduce dtype
+            raise ValueError(f"train.comm_hook: {hook} with tp / pp does not apply: the data-"
+                             "parallel copies of a split model average their gradients in one "
+                             "all-reduce of their own, not through DDP's hook; drop "
+                             "--comm-hook, or use --strategy fsdp with --tp and fp16 / bf16")
         nproc = self.launch.nproc_per_node
         if isinstance(nproc, int) and not self.cluster.elastic_nodes:
             check_supported(resolve_degrees(self.parallelism, self.launch.nnodes * nproc),
