@@ -319,10 +319,10 @@ class JobSpec(StrictModel):
                              "(torch.distributed.device_mesh); remove the section or the flags")
         check_microbatches(self.parallelism, self.train.batch_size)
         hook = self.train.comm_hook
-        if self.parallelism.model_parallel and hook != "none" and not (
-                self.train.strategy == "fsdp" and hook in ("fp16", "bf16")):
+        if self.parallelism.model_parallel and hook != "none" and self.train.strategy != "fsdp":
             # a split model's replicas average by hand (distributed.composed.average_grads),
-            # not through DDP's hook; FSDP2 x TP takes fp16 / bf16 as its reduce dtype
+            # not through DDP's hook; FSDP2 x TP takes fp16 / bf16 as its reduce dtype (and
+            # powersgd with fsdp is refused with the other fsdp runs: TrainSpec's check)
             raise ValueError(f"train.comm_hook: {hook} with tp / pp does not apply: the data-"
                              "parallel copies of a split model average their gradients in one "
                              "all-reduce of their own, not through DDP's hook; drop "

@@ -154,13 +154,14 @@ def build_trainer(spec: JobSpec, rt: Runtime, task: TrainTask | None = None,
     opts = WrapOptions(fsdp_sharding=cfg.fsdp_sharding,
                        fsdp_reduce_dtype=REDUCE_DTYPES.get(cfg.comm_hook), fsdp_unit_types=blocks,
                        fsdp_cpu_offload=offload and strategy == "fsdp")
-    fsdp_bytes = _fsdp_bytes(model, strategy, cfg.comm_hook)  # before sharding: full sizes
     parallel = None
     if spec.parallelism.model_parallel:  # tp / pp: a mesh instead of a DDP/FSDP wrapper
         parallel = ModelParallel.setup(spec, rt, task, model)
         model, strategy = parallel.model, parallel.kind
         fsdp_bytes = parallel.reduced_grad_bytes()   # the split model's, not the whole one's
         notes.append(parallel.describe())
+    else:
+        fsdp_bytes = _fsdp_bytes(model, strategy, cfg.comm_hook)  # before sharding: full sizes
     if parallel is not None:
         pass  # split in place on this rank's device: nothing to wrap
     elif task.load_weights is None:

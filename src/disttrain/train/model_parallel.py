@@ -225,8 +225,7 @@ class ModelParallel:
             if self.dp == "ddp" or id(p) in by_hand:   # all-reduced as they are
                 total += local.numel() * local.element_size()
                 continue
-            size = torch.empty((), dtype=self.reduce_dtype or local.dtype).element_size()
-            total += local.numel() * self.dp_size * size
+            total += local.numel() * self.dp_size * (self.reduce_dtype or local.dtype).itemsize
         return total
 
     def parameters(self) -> list[nn.Parameter]:
