@@ -35,6 +35,25 @@ def test_slow_compute_rank_is_named_with_its_factor_and_the_others_wait():
     assert "wait for it in the all-reduce" in v["message"]
 
 
+def test_a_rank_slow_in_wall_time_but_not_in_cpu_time_is_named_for_cpu_share():
+    # rank 1's compute took 2.5x as long for about the same CPU time: it waited for a core
+    ranks = [_rank(0, comm=16.0, compute_cpu_ms=9.5), _rank(1, compute=25.0, compute_cpu_ms=10.5)]
+    v = find_straggler(ranks)
+    assert v is not None and (v["rank"], v["cause"], v["factor"]) == (1, "cpu share", 2.5)
+    assert "for about the same CPU time (10.5 ms against 9.5 ms): it waits for a core" in v["message"]
+    # the same wall times with the CPU time to match: more work, named for compute
+    ranks[1]["compute_cpu_ms"] = 24.0
+    assert find_straggler(ranks)["cause"] == "compute"  # type: ignore[index]
+    # not measured (CUDA, a script's live files: 0 or absent): compute, as before
+    for value in (0.0, None):
+        ranks[0]["compute_cpu_ms"] = value
+        assert find_straggler(ranks)["cause"] == "compute"  # type: ignore[index]
+    # under tp / pp a rank's compute holds its waits for its partners: compute, never cpu share
+    tp = [_rank(r, compute=25.0 if r == 1 else 10.0, comm=16.0 if r != 1 else 1.0,
+                compute_cpu_ms=10.0, mesh={"tp": [r, 2]}) for r in (0, 1)]
+    assert find_straggler(tp)["cause"] == "compute"  # type: ignore[index]
+
+
 def test_two_ranks_factor_is_against_the_other_rank_not_the_mean():
     v = find_straggler([_rank(0, comm=20.0), _rank(1, compute=30.0)])
     assert v is not None and v["rank"] == 1 and v["factor"] == 3.0
@@ -123,8 +142,11 @@ def test_slowdown_faults_parse_and_failures_still_need_a_step():
     f = Fault.parse("slow-data:rank=0:ms=20:step=5")
     assert (f.action, f.rank, f.step, f.ms, f.slowdown) == ("slow-data", 0, 5, 20.0, True)
     assert not Fault.parse("kill:rank=1:step=3").slowdown
+    assert Fault.parse("cpu-share:rank=1") == Fault("cpu-share", 1, 0)
+    assert Fault.parse("cpu-share:rank=1").slowdown
     for bad in ("slow-data:rank=0", "slow-compute:rank=1:ms=3", "slow-compute:rank=1:factor=0.5",
-                "slow-compute:rank=1:factor=3:phase=forward", "kill:rank=1"):
+                "slow-compute:rank=1:factor=3:phase=forward", "kill:rank=1",
+                "cpu-share:rank=1:step=4", "cpu-share:rank=1:factor=2", "cpu-share:step=1"):
         with pytest.raises(ValueError, match="expected ACTION"):
             Fault.parse(bad)
 
@@ -152,17 +174,22 @@ def test_live_files_never_stop_training_when_the_run_dir_cannot_be_written(tmp_p
 def test_the_phase_list_is_one_list_for_every_writer_and_reader():
     from disttrain.monitor import report, top
 
-    assert STEP_KEYS == ("step_ms", "data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms")
+    assert STEP_KEYS == ("step_ms", "data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms",
+                         "compute_cpu_ms")
+    assert STEP_KEYS[1:6] == PHASES
     assert set(report.COLOURS) == set(report.SHORT) == set(top.COLOURS) == set(PHASES)
     assert StepTimes(1.0, 2.0).as_dict() == {"step_ms": 1.0, "data_ms": 2.0, "compute_ms": 0.0,
-                                              "comm_wait_ms": 0.0, "optimizer_ms": 0.0, "other_ms": 0.0}
+                                              "comm_wait_ms": 0.0, "optimizer_ms": 0.0, "other_ms": 0.0,
+                                              "compute_cpu_ms": 0.0}
 
 
 def _sleeps(monkeypatch) -> list[float]:
+    """What the slowdowns waited: slow-data sleeps, slow-compute busy-waits."""
     from disttrain.resilience import faults
 
     slept: list[float] = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)
+    monkeypatch.setattr(faults, "busy_wait", slept.append)
     return slept
 
 
@@ -179,19 +206,28 @@ def test_no_fault_installs_no_slowdown_and_a_fault_for_another_rank_neither(monk
     assert Slowdown.install(timer, 0) is None
 
 
-def test_slow_compute_sleeps_factor_minus_one_times_the_compute_without_its_own_sleep(monkeypatch):
+def test_slow_compute_waits_factor_minus_one_times_the_compute_without_its_own_wait(monkeypatch):
     from disttrain import envvars
+    from disttrain.resilience import faults
     from disttrain.resilience.faults import Slowdown
 
-    slept = _sleeps(monkeypatch)
+    slept: list[float] = []
+    clock = [0.0]
+
+    def busy_wait(seconds: float) -> None:   # a wait that takes its time on a fake clock
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(faults, "busy_wait", busy_wait)
     monkeypatch.setenv(envvars.FAULT, "slow-compute:rank=1:factor=3:step=1")
     timer = StepTimer()
     slow = Slowdown.install(timer, 1)
     assert slow is not None and timer.delay_compute == slow.delay_compute
+    slow.clock = lambda: clock[0]
     slow.delay_compute(0.010)            # before step 1: nothing
     timer.steps = 1
-    slow.delay_compute(0.010)            # 10 ms measured: sleeps 20 ms
-    slow.delay_compute(0.030)            # 30 ms measured, 20 of them its sleep: again 20 ms
+    slow.delay_compute(0.010)            # 10 ms measured: busy-waits 20 ms
+    slow.delay_compute(0.030)            # 30 ms measured, 20 of them its wait: again 20 ms
     assert slept == pytest.approx([0.020, 0.020])
 
 

@@ -14,13 +14,16 @@ for its own rank and round, put one job through a chain of failures and restarts
 earlier ones left. The variable is read here alone, once per process when the heartbeat
 starts; unset, it costs one `is None` test per beat.
 
-Two slowdowns make a straggler for the step-time breakdown's tests (`train/step_timing.py`,
-docs/performance.md): `slow-compute:rank=R:factor=F` makes rank R's forward + backward take
-F times as long (it sleeps F-1 times its measured compute before each micro-batch's
-forward), `slow-data:rank=R:ms=M` makes each of rank R's batches arrive M ms later (its
-loader's next()); both from optimizer step `step` (default 0) on. The heartbeat never fires
-them: `Slowdown.install` puts them at the step timer's seams (the telemetry owner,
-`train/telemetry.py`, calls it once), and a run without a fault pays nothing per step.
+Three slowdowns make a straggler for the step-time breakdown's tests (`train/step_timing.py`,
+docs/performance.md): `slow-compute:rank=R:factor=F` makes rank R's forward + backward
+take F times as long (it busy-waits F-1 times its measured compute before each
+micro-batch's forward, using the CPU as more work would), `slow-data:rank=R:ms=M` makes
+each of rank R's batches arrive M ms later (its loader's next()), both from optimizer step
+`step` (default 0) on; `cpu-share:rank=R` pins rank R to one CPU with two busy processes
+beside it from its start (the same work on a share of a core: what other tenants or a CPU
+limit do to a pod). The heartbeat never fires them: `Slowdown.install` puts them at the step timer's seams
+(the telemetry owner, `train/telemetry.py`, calls it once), and a run without a fault pays
+nothing per step.
 """
 
 from __future__ import annotations
@@ -38,8 +41,13 @@ from disttrain import envvars
 if TYPE_CHECKING:
     from disttrain.train.step_timing import StepTimer
 
-FAULT_ACTIONS = ("kill", "stop", "hang", "exit", "raise", "slow-compute", "slow-data")
-SLOWDOWNS = ("slow-compute", "slow-data")
+FAULT_ACTIONS = ("kill", "stop", "hang", "exit", "raise", "slow-compute", "slow-data", "cpu-share")
+# slowdown -> the one option it needs ("": none)
+SLOWDOWNS = {"slow-compute": "factor", "slow-data": "ms", "cpu-share": ""}
+CPU_SHARE_SPINNERS = 2   # cpu-share: busy processes pinned to the rank's core beside it
+# A cpu-share spinner: pinned to one CPU, it spins until its parent (the rank) is gone.
+_SPIN = ("import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nparent = int(sys.argv[2])\n"
+         "while os.getppid() == parent:\n    for _ in range(20000):\n        pass\n")
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class Fault:
         """
         usage = (f"{envvars.FAULT}={text!r}: expected ACTION:rank=R:step=S[:phase=P][:restart=N] "
                  f"with ACTION one of {', '.join(FAULT_ACTIONS)}, or slow-compute:rank=R:factor=F "
-                 f"| slow-data:rank=R:ms=M [:step=S][:restart=N]")
+                 f"| slow-data:rank=R:ms=M [:step=S][:restart=N] | cpu-share:rank=R[:restart=N]")
         action, *parts = text.strip().split(":")
         values: dict[str, str] = {}
         for part in parts:
@@ -76,9 +84,13 @@ class Fault:
             if not sep or key not in ("rank", "step", "phase", "restart", "factor", "ms"):
                 raise ValueError(usage)
             values[key] = value
-        slow = {"slow-compute": "factor", "slow-data": "ms"}.get(action)
-        wrong_keys = (slow not in values or values.keys() - {"rank", "step", "restart", slow}
-                      if slow else "step" not in values)
+        if action == "cpu-share":
+            wrong_keys = bool(values.keys() - {"rank", "restart"})
+        elif action in SLOWDOWNS:
+            slow = SLOWDOWNS[action]
+            wrong_keys = slow not in values or bool(values.keys() - {"rank", "step", "restart", slow})
+        else:
+            wrong_keys = "step" not in values
         if action not in FAULT_ACTIONS or "rank" not in values or wrong_keys:
             raise ValueError(usage)
         try:
@@ -129,18 +141,31 @@ class Fault:
             raise RuntimeError(f"disttrain fault injection: rank {self.rank} at {where}")
 
 
+def busy_wait(seconds: float) -> None:
+    """Work on the CPU until this thread has used `seconds` of CPU time (slow-compute's
+    extra work: measured in CPU time, so that it stays work, not a wait for a core, when
+    other processes share the cores and the wall time it takes grows)."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
 class Slowdown:
     """A slow-compute or slow-data fault at the step timer's seams (testing only).
 
-    slow-compute sleeps in `StepTimer.delay_compute`, after the timer marked the start of
-    compute, so the sleep counts as compute: F-1 times the previous micro-batch's compute
-    without its own sleep. slow-data wraps the epoch's batches, inside the timer's data
-    phase. Both act from optimizer step `fault.step` on (`timer.steps`).
+    slow-compute busy-waits in `StepTimer.delay_compute`, after the timer marked the start
+    of compute, so the wait counts as compute: F-1 times the previous micro-batch's compute
+    without its own wait. It spins rather than sleeps because a rank with more work (or a
+    slower core) spends CPU time on it, and the verdict tells a rank that computes longer
+    from one that waited for a core by that CPU time (`train/straggler.py`, "cpu share").
+    slow-data wraps the epoch's batches, inside the timer's data phase. Both act from
+    optimizer step `fault.step` on (`timer.steps`).
     """
 
     def __init__(self, fault: Fault, timer: StepTimer) -> None:
         self.fault, self.timer = fault, timer
-        self._slept = 0.0
+        self.clock = time.perf_counter
+        self._waited = 0.0   # the wall time the last busy-wait took
 
     @classmethod
     def install(cls, timer: StepTimer, rank: int) -> Slowdown | None:
@@ -154,13 +179,41 @@ class Slowdown:
         slow = cls(fault, timer)
         if fault.action == "slow-compute":
             timer.delay_compute = slow.delay_compute
+        elif fault.action == "cpu-share":
+            slow.share_core()
         return slow
 
+    def share_core(self) -> None:
+        """cpu-share: pin this rank's threads to one CPU and start `CPU_SHARE_SPINNERS` busy
+        processes pinned to it, so the rank does its usual work and waits for that core (what
+        other tenants or a CPU limit do to a pod); the spinners end when the rank does."""
+        import subprocess
+
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            print("disttrain fault injection (testing only): cpu-share needs 2 CPUs; "
+                  "not injected", file=sys.stderr, flush=True)
+            return
+        core = cpus[-1]
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), {core})
+            except OSError:   # a thread that ended meanwhile
+                continue
+        for _ in range(CPU_SHARE_SPINNERS):
+            subprocess.Popen([sys.executable, "-c", _SPIN, str(core), str(os.getpid())],
+                             stdin=subprocess.DEVNULL, close_fds=True)
+        print(f"disttrain fault injection (testing only): cpu-share rank {self.fault.rank} "
+              f"pid {os.getpid()}: on CPU {core} with {CPU_SHARE_SPINNERS} busy processes",
+              file=sys.stderr, flush=True)
+
     def delay_compute(self, last_compute_s: float) -> None:
-        pure = max(last_compute_s - self._slept, 0.0)   # the last micro-batch without the sleep
-        self._slept = (self.fault.factor - 1.0) * pure if self.timer.steps >= self.fault.step else 0.0
-        if self._slept:
-            time.sleep(self._slept)
+        pure = max(last_compute_s - self._waited, 0.0)   # the last micro-batch without the wait
+        work = (self.fault.factor - 1.0) * pure if self.timer.steps >= self.fault.step else 0.0
+        start = self.clock()
+        if work:
+            busy_wait(work)
+        self._waited = self.clock() - start
 
     def batches(self, batches: Iterable[Any]) -> Iterable[Any]:
         """`batches`, each arriving `fault.ms` later under slow-data (as they are otherwise)."""

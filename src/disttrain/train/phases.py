@@ -2,8 +2,8 @@
 
     StepTimes(step_ms=12.0, data_ms=1.0, compute_ms=8.0, ...).as_dict()
     PHASES        # data, compute, comm wait, optimizer, other: they add up to step_ms
-    STEP_KEYS     # ("step_ms", *PHASES): metrics.jsonl's train rows, live/rank-<R>.json,
-                  # summary.json's `ranks`, TensorBoard's step_ms/<phase>/rank<R>
+    STEP_KEYS     # ("step_ms", *PHASES, "compute_cpu_ms"): metrics.jsonl's train rows,
+                  # live/rank-<R>.json, summary.json's `ranks`, TensorBoard's step_ms/<key>/rank<R>
 
 The step timer (`train/step_timing.py`) fills them, the telemetry owner
 (`train/telemetry.py`) writes them, the straggler verdict (`train/straggler.py`) judges
@@ -30,14 +30,21 @@ class StepTimes:
     comm_wait_ms: float = 0.0   # the rest of backward: the wait for the all-reduce
     optimizer_ms: float = 0.0   # step, zero_grad, the LR scheduler
     other_ms: float = 0.0       # the loop around them: logging, checkpoints
+    # Not a phase: the CPU time the training thread itself spent in compute_ms (CPU devices
+    # only; 0 where not measured: CUDA, scripts). compute_ms well above it means the thread
+    # waited for a core (other processes on its cores, a CPU limit's throttling), which the
+    # straggler verdict tells apart from more work (`train/straggler.py`, "cpu share").
+    compute_cpu_ms: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(STEP_KEYS, astuple(self)))
 
 
-# The column names, in the order the bars stack (data + compute + comm + optimizer + other).
+# Every column, in the order of StepTimes' fields.
 STEP_KEYS: tuple[str, ...] = tuple(f.name for f in fields(StepTimes))
-PHASES: tuple[str, ...] = STEP_KEYS[1:]
+# The phases, in the order the bars stack (data + compute + comm + optimizer + other).
+PHASES: tuple[str, ...] = ("data_ms", "compute_ms", "comm_wait_ms", "optimizer_ms", "other_ms")
 PHASE_NAMES = {"data_ms": "data", "compute_ms": "compute", "comm_wait_ms": "comm wait",
                "optimizer_ms": "optimizer", "other_ms": "other"}
 assert tuple(PHASE_NAMES) == PHASES, "every phase needs its display name"
+assert STEP_KEYS[: len(PHASES) + 1] == ("step_ms", *PHASES), "StepTimes: the step, then its phases"

@@ -16,8 +16,15 @@ with backward, so what is left after the last bucket is the wait for the other r
 the transfer; 0 without DDP, and FSDP's reduce-scatter counts as compute), optimizer
 (step, zero_grad, LR scheduler) and other (the rest: logging, checkpoints, the loop).
 
-Cost: on CPU a handful of `time.perf_counter()` calls and additions per step, summed
-locally; nothing is communicated or synchronised per step. The Trainer carries the
+On a CPU device the timer also reads the training thread's own CPU clock
+(`time.thread_time()`) where compute starts and ends: `compute_cpu_ms`, the CPU time that
+compute took. A rank whose compute takes longer in wall time than its CPU time says waited
+for a core (other processes on its cores, or its pod's CPU limit throttling it), which the
+straggler verdict names as "cpu share" rather than as more work (`train/straggler.py`).
+
+Cost: on CPU a handful of `time.perf_counter()` calls, three `time.thread_time()` calls
+(about a microsecond each here) and additions per step, summed locally; nothing is
+communicated or synchronised per step. The Trainer carries the
 interval means in the tensor it already all-gathers at its record flushes. On CUDA the
 host clock would time kernel launches, not kernels: compute, comm_wait and optimizer are
 then CUDA events recorded at the same boundaries (from a pool, reused) and read once per
@@ -27,7 +34,7 @@ device time per step agree).
 
 The timer only measures: the live files, the records and the straggler verdict are the
 telemetry owner's (`train/telemetry.py`), the phase list is `train/phases.py`'s, and a
-test-only slowdown (`resilience/faults.py`) sleeps in the `delay_compute` seam.
+test-only slowdown (`resilience/faults.py`) spins in the `delay_compute` seam.
 """
 
 from __future__ import annotations
@@ -48,8 +55,9 @@ if TYPE_CHECKING:
 
 __all__ = ["StepTimer"]
 
-_DATA, _COMPUTE, _COMM, _OPT = range(4)
+_DATA, _COMPUTE, _COMM, _OPT, _CPU = range(5)
 _N = len(STEP_KEYS)
+_CPU_KEY = STEP_KEYS.index("compute_cpu_ms")
 
 
 class StepTimer:
@@ -57,9 +65,11 @@ class StepTimer:
 
     def __init__(self) -> None:
         self._now = time.perf_counter
-        self._t_next = self._t_step = self._t_opt = self._c0 = 0.0
+        self._cpu_now: Callable[[], float] | None = time.thread_time   # None on CUDA
+        self._t_next = self._t_step = self._t_opt = self._c0 = self._c0_cpu = 0.0
         self._ready: float | None = None
-        self._step = [0.0, 0.0, 0.0, 0.0]          # data, compute, comm_wait, optimizer of this step
+        self._ready_cpu = 0.0
+        self._step = [0.0, 0.0, 0.0, 0.0, 0.0]     # data, compute, comm_wait, optimizer, compute CPU
         self._sums = [0.0] * _N                     # this interval, seconds, in STEP_KEYS order
         self._n = 0
         self._run = [0.0] * _N                      # the run, from the second interval on
@@ -68,7 +78,7 @@ class StepTimer:
         self.steps = 0                              # optimizer steps this process timed
         self.last_compute_s = 0.0                   # the last micro-batch's compute
         # Called at each compute_start with `last_compute_s` (None: nothing, the rule): the
-        # seam where a test-only slowdown sleeps (resilience/faults.py, `Slowdown`).
+        # seam where a test-only slowdown busy-waits (resilience/faults.py, `Slowdown`).
         self.delay_compute: Callable[[float], None] | None = None
         self._cuda: _CudaPhases | None = None
 
@@ -78,6 +88,7 @@ class StepTimer:
             comm.on_last_bucket = self.bucket_ready
         if rt.device.type == "cuda" and torch.cuda.is_available():
             self._cuda = _CudaPhases()
+            self._cpu_now = None   # the host thread only launches kernels there
 
     # -- the boundaries (the Trainer's loop calls these) ------------------------------
     def start(self) -> None:
@@ -100,6 +111,8 @@ class StepTimer:
         t = self._now()
         self._step[_DATA] += t - self._t_next
         self._c0, self._ready = t, None
+        if self._cpu_now is not None:
+            self._c0_cpu = self._cpu_now()
         if self._cuda is not None:
             self._cuda.mark("c0")
         if self.delay_compute is not None:
@@ -108,6 +121,8 @@ class StepTimer:
     def bucket_ready(self) -> None:
         """The DDP comm hook got the step's last bucket: compute is done, the wait begins."""
         self._ready = self._now()
+        if self._cpu_now is not None:   # backward of a CPU graph runs on the calling thread
+            self._ready_cpu = self._cpu_now()
         if self._cuda is not None:
             self._cuda.mark("ready")
 
@@ -118,6 +133,9 @@ class StepTimer:
         self.last_compute_s = ready - self._c0
         self._step[_COMPUTE] += self.last_compute_s
         self._step[_COMM] += t - ready
+        if self._cpu_now is not None:
+            end_cpu = self._cpu_now() if self._ready is None else self._ready_cpu
+            self._step[_CPU] += end_cpu - self._c0_cpu
         if self._cuda is not None:
             self._cuda.mark("end")
 
@@ -140,9 +158,10 @@ class StepTimer:
         sums[2] += s[_COMPUTE]
         sums[3] += s[_COMM]
         sums[4] += s[_OPT]
+        sums[_CPU_KEY] += s[_CPU]
         self._n += 1
         self.steps += 1
-        s[0] = s[1] = s[2] = s[3] = 0.0
+        s[0] = s[1] = s[2] = s[3] = s[4] = 0.0
         self._t_step = t
 
     # -- reading (once per logging interval) --------------------------------------------

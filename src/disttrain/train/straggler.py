@@ -19,6 +19,14 @@ factor). A rank that waits longer in the all-reduce than the others while it com
 loads as fast as they do is named for "communication": its own transfers are the slow
 part. Differences under `MIN_SHARE` of a step are noise, whatever their ratio.
 
+A rank named for compute whose extra compute time was mostly not spent on the CPU (the
+Trainer's `compute_cpu_ms`, the training thread's own CPU time in compute, on CPU devices)
+is named for "cpu share" instead: it had as much to do as the others and waited for a core,
+because other processes run on its cores or its pod's CPU limit throttles it. On a shared
+node that is the usual cause, and its fix (a CPU request / limit, fewer threads, another
+node) is not the fix for more work. Under tp / pp a rank's compute holds its waits for its
+partners by design, so the distinction is made only for ranks without such a mesh.
+
 Under pipeline parallel (issue 26 item 4) each entry may carry its place in the mesh,
 `mesh = {"pp": [stage, stages], "dp_shard": [i, n], "tp": [i, n]}` (the dimensions of
 `distributed/mesh.py` larger than 1; `telemetry.mesh_place`), and a rank is compared only
@@ -41,10 +49,13 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-__all__ = ["CAUSES", "MIN_SHARE", "WINDOWS", "StragglerWatch", "find_straggler", "no_verdict",
+__all__ = ["CAUSES", "CPU_KEY", "MIN_SHARE", "WINDOWS", "StragglerWatch", "find_straggler", "no_verdict",
            "place_label", "stage_of"]
 
-CAUSES = {"compute": "compute_ms", "data": "data_ms", "communication": "comm_wait_ms"}
+CAUSES = {"compute": "compute_ms", "cpu share": "compute_ms", "data": "data_ms",
+          "communication": "comm_wait_ms"}
+CPU_KEY = "compute_cpu_ms"   # the CPU time in compute (train/phases.py); absent or 0: not measured
+_CPU_PART = 0.5     # "cpu share": less than half the extra compute time was CPU time
 MIN_SHARE = 0.05    # an excess below 5% of the median step is never a straggler
 _AS_FAST = 0.9      # "computes and loads as fast": at least 0.9x the others' compute + data
 _FLOOR_MS = 1e-3    # a median of 0 ms (no data wait at all) divides as 1 µs
@@ -65,7 +76,7 @@ def find_straggler(ranks: list[dict[str, Any]], threshold: float = 1.5) -> dict[
             must exceed to be named (1.5: 50% slower).
 
     Returns:
-        {rank, host, device, factor, cause, message} (cause: compute | data |
+        {rank, host, device, factor, cause, message} (cause: compute | cpu share | data |
         communication; factor: the rank's time in its cause / the other ranks' median;
         under pp also `stage` (1-based) and `pipeline`: the ranks of its pipeline that
         stand out in their own stages too), or None.
@@ -155,10 +166,27 @@ def _find_in(ranks: list[dict[str, Any]], threshold: float,
     best: tuple[float, dict[str, Any], str, float] | None = None   # (excess, entry, cause, factor)
     for cause in ("compute", "data"):
         best = _worst(ranks, CAUSES[cause], cause, threshold, floor, best)
+    if best is not None and best[2] == "compute" and _waited_for_cpu(best[1], ranks):
+        best = (best[0], best[1], "cpu share", best[3])
     if best is None:
         fast = [e for e in ranks if _load(e) >= _AS_FAST * median(_load(o) for o in ranks if o is not e)]
         best = _worst(ranks, CAUSES["communication"], "communication", threshold, floor, None, fast)
     return best
+
+
+def _waited_for_cpu(entry: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
+    """Whether `entry`'s extra compute time over the other ranks' median was mostly not
+    CPU time of its own (False where the CPU time was not measured, or under tp / pp)."""
+    if place_label(entry):
+        return False
+    others = [o for o in ranks if o is not entry]
+    cpu = float(entry.get(CPU_KEY) or 0.0)
+    if cpu <= 0 or not all(float(o.get(CPU_KEY) or 0.0) > 0 for o in others):
+        return False
+    wall_excess = float(entry.get("compute_ms") or 0.0) - median(float(o.get("compute_ms") or 0.0)
+                                                                 for o in others)
+    cpu_excess = cpu - median(float(o[CPU_KEY]) for o in others)
+    return cpu_excess < _CPU_PART * wall_excess
 
 
 def _load(entry: dict[str, Any]) -> float:
@@ -200,6 +228,12 @@ def _message(entry: dict[str, Any], cause: str, factor: float, ranks: list[dict[
                 f"wait for each other inside the schedule)")
     if cause == "compute":
         what = f"it computes {factor:.1f}x longer per step than {median_rank}"
+    elif cause == "cpu share":
+        others_cpu = median(float(o.get(CPU_KEY) or 0.0) for o in others)
+        what = (f"its compute takes {factor:.1f}x longer per step than {median_rank}'s for about "
+                f"the same CPU time ({float(entry.get(CPU_KEY) or 0.0):.1f} ms against "
+                f"{others_cpu:.1f} ms): it waits for a core (other processes on its cores, or "
+                f"its CPU limit throttles it)")
     elif cause == "data":
         what = f"it waits {factor:.1f}x longer for its data (DataLoader) per step than {median_rank}"
     else:
