@@ -36,12 +36,18 @@ from disttrain.launch.plan import launch_config
 from disttrain.launch.ports import free_port
 from disttrain.spec.job import LaunchSpec
 
-# What the test ranks' fork server imports once: torch and the rank side, not the
-# built-in job's training modules that `disttrain run`'s warm server loads. (Preloading
-# torch._dynamo and disttrain.train.build as well cut tests/train/test_task_trainer.py from
-# 93 to 57 s, but one clean-clone run of three then hung in a test's ranks, cause not
-# found: kept out until it is.)
-PRELOAD = ["torch", "torch.distributed", "disttrain.distributed.runtime"]
+# What the test ranks' fork server imports once (it lives as long as the test session, so
+# every later `run_ranks` forks ranks that have these already): torch, torch._dynamo (DDP
+# and every optimizer import it on first use: ~1.2 s of CPU a rank otherwise), the rank
+# side and the Trainer's modules, as `disttrain run`'s warm server does
+# (`disttrain.launch.forkserver_preload`). tests/train/test_trainer_dist.py and
+# test_task_trainer.py together: 92 s without the last three, 52-60 s with them (6 runs in
+# a row, 2026-12-03). An earlier try saw one clean-clone suite of three hang in
+# test_ddp_two_ranks_equals_one_process_on_same_global_batch with them, cause not found and
+# not seen since; `run_ranks`' wall-clock bound turns such a hang into a failure naming the
+# rank and its stack.
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
+           "disttrain.distributed.runtime", "disttrain.train.build"]
 
 
 class RanksTimedOut(TimeoutError):
