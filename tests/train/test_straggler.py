@@ -310,3 +310,34 @@ def test_telemetry_writes_named_records_as_rows_and_the_live_file(tmp_path):
     tel.close()
     writer.close()
     assert json.loads((tmp_path / "live" / "rank-0.json").read_text())["done"] is True
+
+
+@pytest.mark.parametrize("intervals", [1, 2])
+def test_no_whole_run_verdict_from_the_first_interval_alone(tmp_path, intervals):
+    """A run of one logging interval has only its first steps (lazy initialisation): the
+    summary names nobody from those, however far apart the ranks are; from a second
+    interval on, the same gap is a verdict."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from disttrain.train.telemetry import StepTelemetry
+
+    slow_peer = _rank(1, compute=40.0, comm=1.0, device="cpu")
+    rt = SimpleNamespace(rank=0, world_size=2, is_rank0=True, distributed=False,
+                         device=torch.device("cpu"), all_gather_object=lambda obj: [obj, slow_peer],
+                         print0=print)
+    tel = StepTelemetry()
+    tel.attach(rt, None, tmp_path, None)  # type: ignore[arg-type]
+    timer = tel.timer
+    for _ in tel.epoch(range(intervals), samples=0):   # one step per interval
+        timer.compute_start()
+        timer.compute_end()
+        timer.optimizer_start()
+        timer.optimizer_end()
+        timer.interval()
+    assert timer.steady is (intervals > 1)
+    verdict = tel.finish(samples_per_s=1.0)["straggler"]
+    assert (verdict is None) is (intervals == 1)
+    if verdict is not None:
+        assert (verdict["rank"], verdict["cause"]) == (1, "compute")

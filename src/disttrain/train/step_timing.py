@@ -188,6 +188,12 @@ class StepTimer:
         self._n = 0
         return means
 
+    @property
+    def steady(self) -> bool:
+        """Whether an interval after the first was timed: only then do the run's means leave
+        out the first steps' allocations and lazy initialisation."""
+        return self._run_n > 0
+
     def run_means(self) -> StepTimes:
         """The whole run's means per step, ms (without the first interval when more ran)."""
         if self._n:

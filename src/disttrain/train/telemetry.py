@@ -190,7 +190,10 @@ class StepTelemetry:
                 **self.timer.run_means().as_dict(),
                 **(self.memory.fields() if self.memory is not None else {})}
         ranks = self._rt.all_gather_object(mine)
-        verdict = find_straggler(ranks, self.watch.threshold)
+        # A run of one logging interval has only its first steps, where a rank's lazy
+        # initialisation can weigh more than the others': no verdict on those (every rank
+        # timed as many intervals, so all of them decide alike).
+        verdict = find_straggler(ranks, self.watch.threshold) if self.timer.steady else None
         if verdict is not None and self._live is not None and self._rt.is_rank0:
             self._live.write_straggler(verdict)
         return {"ranks": ranks, "straggler": verdict}
