@@ -45,9 +45,10 @@ from disttrain.spec.job import LaunchSpec
 # a row, 2026-12-03). An earlier try saw one clean-clone suite of three hang in
 # test_ddp_two_ranks_equals_one_process_on_same_global_batch with them, cause not found and
 # not seen since; `run_ranks`' wall-clock bound turns such a hang into a failure naming the
-# rank and its stack.
+# rank and its stack. matplotlib.pyplot as well: every Trainer run's rank 0 draws loss.png
+# at its end (`rundir.plot_loss`), and its import is ~0.6 s of CPU a run otherwise.
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
-           "disttrain.distributed.runtime", "disttrain.train.build"]
+           "disttrain.distributed.runtime", "disttrain.train.build", "matplotlib.pyplot"]
 
 
 class RanksTimedOut(TimeoutError):
