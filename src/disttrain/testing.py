@@ -36,19 +36,19 @@ from disttrain.launch.plan import launch_config
 from disttrain.launch.ports import free_port
 from disttrain.spec.job import LaunchSpec
 
-# What the test ranks' fork server imports once (it lives as long as the test session, so
-# every later `run_ranks` forks ranks that have these already): torch, torch._dynamo (DDP
-# and every optimizer import it on first use: ~1.2 s of CPU a rank otherwise), the rank
-# side and the Trainer's modules, as `disttrain run`'s warm server does
-# (`disttrain.launch.forkserver_preload`). tests/train/test_trainer_dist.py and
-# test_task_trainer.py together: 92 s without the last three, 52-60 s with them (6 runs in
-# a row, 2026-12-03). An earlier try saw one clean-clone suite of three hang in
-# test_ddp_two_ranks_equals_one_process_on_same_global_batch with them, cause not found and
-# not seen since; `run_ranks`' wall-clock bound turns such a hang into a failure naming the
-# rank and its stack. matplotlib.pyplot as well: every Trainer run's rank 0 draws loss.png
-# at its end (`rundir.plot_loss`), and its import is ~0.6 s of CPU a run otherwise.
-PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
-           "disttrain.distributed.runtime", "disttrain.train.build", "matplotlib.pyplot"]
+# What the test ranks' fork server imports once: torch and the rank side, not torch._dynamo
+# and the Trainer's modules that `disttrain run`'s warm server loads. Preloading them cut
+# tests/train/test_trainer_dist.py + test_task_trainer.py from 86-92 to 52-60 s, and twice
+# a clean-clone suite then hung in test_trainer_dist.py: the ranks had finished training
+# and never exited. The likely cause (2026-12-03, from the hang's shape, not reproduced on
+# demand): with torch._dynamo imported *before* the process group is made,
+# destroy_process_group really destroys the gloo group (imported after, as the first
+# optimizer does, the group outlives it: worker.py's note), and the group's destructor can
+# deadlock, joining a gloo thread that waits for the GIL (`runtime.Runtime.__exit__`'s
+# note); test ranks end with `with setup_for_test()`, which destroys the group, while
+# `disttrain run`'s ranks leave without teardown. Kept out until the destroy path is safe
+# in both orders (issue 21).
+PRELOAD = ["torch", "torch.distributed", "disttrain.distributed.runtime"]
 
 
 class RanksTimedOut(TimeoutError):
