@@ -20,7 +20,7 @@ take F times as long (it busy-waits F-1 times its measured compute before each
 micro-batch's forward, using the CPU as more work would), `slow-data:rank=R:ms=M` makes
 each of rank R's batches arrive M ms later (its loader's next()), both from optimizer step
 `step` (default 0) on; `cpu-share:rank=R` pins rank R to one CPU with two busy processes
-beside it from its start (the same work on a share of a core: what other tenants or a CPU
+(`CPU_SHARE_NICE`) beside it from its start (the same work on a share of a core: what other tenants or a CPU
 limit do to a pod). The heartbeat never fires them: `Slowdown.install` puts them at the step timer's seams
 (the telemetry owner, `train/telemetry.py`, calls it once), and a run without a fault pays
 nothing per step.
@@ -45,8 +45,13 @@ FAULT_ACTIONS = ("kill", "stop", "hang", "exit", "raise", "slow-compute", "slow-
 # slowdown -> the one option it needs ("": none)
 SLOWDOWNS = {"slow-compute": "factor", "slow-data": "ms", "cpu-share": ""}
 CPU_SHARE_SPINNERS = 2   # cpu-share: busy processes pinned to the rank's core beside it
+# Their nice value where the process may raise its priority (root, CAP_SYS_NICE): each then
+# weighs ~3x the rank in the scheduler, so the rank gets ~1/7 of its core whatever else runs
+# on the machine (a test suite's other workers); elsewhere they run at the rank's priority.
+CPU_SHARE_NICE = -5
 # A cpu-share spinner: pinned to one CPU, it spins until its parent (the rank) is gone.
 _SPIN = ("import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nparent = int(sys.argv[2])\n"
+         "try:\n    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[3]))\nexcept OSError:\n    pass\n"
          "while os.getppid() == parent:\n    for _ in range(20000):\n        pass\n")
 
 
@@ -201,7 +206,8 @@ class Slowdown:
             except OSError:   # a thread that ended meanwhile
                 continue
         for _ in range(CPU_SHARE_SPINNERS):
-            subprocess.Popen([sys.executable, "-c", _SPIN, str(core), str(os.getpid())],
+            subprocess.Popen([sys.executable, "-c", _SPIN, str(core), str(os.getpid()),
+                              str(CPU_SHARE_NICE)],
                              stdin=subprocess.DEVNULL, close_fds=True)
         print(f"disttrain fault injection (testing only): cpu-share rank {self.fault.rank} "
               f"pid {os.getpid()}: on CPU {core} with {CPU_SHARE_SPINNERS} busy processes",
