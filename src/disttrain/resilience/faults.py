@@ -20,10 +20,10 @@ take F times as long (it busy-waits F-1 times its measured compute before each
 micro-batch's forward, using the CPU as more work would), `slow-data:rank=R:ms=M` makes
 each of rank R's batches arrive M ms later (its loader's next()), both from optimizer step
 `step` (default 0) on; `cpu-share:rank=R` pins rank R to one CPU with two busy processes
-(`CPU_SHARE_NICE`) beside it from its start (the same work on a share of a core: what other tenants or a CPU
-limit do to a pod). The heartbeat never fires them: `Slowdown.install` puts them at the step timer's seams
-(the telemetry owner, `train/telemetry.py`, calls it once), and a run without a fault pays
-nothing per step.
+(`CPU_SHARE_NICE`) beside it from its start (the same work on a share of a core: what other
+tenants or a CPU limit do to a pod). The heartbeat never fires them: `Slowdown.install`
+puts them at the step timer's seams (the telemetry owner, `train/telemetry.py`, calls it
+once), and a run without a fault pays nothing per step.
 """
 
 from __future__ import annotations
