@@ -42,6 +42,27 @@ def test_a_rank_waiting_at_a_barrier_for_a_working_rank_is_not_stalled(sleeper):
     assert "waiting for it: rank 1 (step 0, barrier)" in stall.message
 
 
+def test_a_rank_that_just_entered_the_barrier_releases_the_waiting_one(sleeper):
+    """Rank 0 ends its evaluation and enters the barrier rank 1 has waited in for longer
+    than the timeout: a poll between that entry and the barrier's release names nobody
+    (a busy clean-clone suite had named rank 1). Both then stuck there: named after the
+    timeout, the one behind in collectives first."""
+    wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=2, kill=False)
+    a, b = sleeper(), sleeper()
+    for t in range(7):   # rank 0 evaluates for 3x the timeout
+        wd.observe({0: rec(0, a, seq=t, coll=1, alive=t),
+                    1: rec(1, b, 5, "barrier", coll=2, in_coll="barrier", alive=t)}, now=t)
+        assert wd.judge(now=t) is None, t
+    wd.observe({0: rec(0, a, seq=7, phase="barrier", coll=2, in_coll="barrier", alive=7),
+                1: rec(1, b, 5, "barrier", coll=2, in_coll="barrier", alive=7)}, now=7)
+    assert wd.judge(now=7) is None
+    for t in range(8, 10):   # the barrier never releases (a mismatched collective)
+        wd.observe({0: rec(0, a, seq=7, phase="barrier", coll=2, in_coll="barrier", alive=t),
+                    1: rec(1, b, 5, "barrier", coll=2, in_coll="barrier", alive=t)}, now=t)
+    stall = wd.judge(now=9)
+    assert stall is not None and {stall.rank, *(r for r, _ in stall.tied)} == {0, 1}
+
+
 def test_the_rank_that_entered_fewer_collectives_is_named(sleeper):
     """All stopped, at the same step and phase: the one behind in collectives is blamed."""
     wd = Watchdog("127.0.0.1", 1, world_size=2, timeout_s=10, kill=False)

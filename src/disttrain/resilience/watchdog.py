@@ -198,11 +198,13 @@ class Watchdog:
                 continue
             rows.append((rank, seen, now - seen.progress_at, frozen))
         # A rank waiting in a collective (a script's record names it: `in_coll`) is not
-        # stuck while a rank outside one still progresses: the rank it waits for is working
-        # (rank 0 evaluating while the others wait at a barrier). Once nobody outside a
-        # collective progresses, the waiting ones count again and the one behind is named.
-        working = any(stale < self.timeout_s and not seen.record.get("in_coll")
-                      for _, seen, stale, _ in rows)
+        # stuck while another rank still progresses: the rank it waits for is working
+        # (rank 0 evaluating while the others wait at a barrier). Entering a collective is
+        # progress too: it may be the one the waiting ranks need, and on a busy machine a
+        # poll can land between rank 0's entry and the barrier's release (a clean-clone
+        # suite named the waiting rank so). Once nobody progresses for `timeout_s`, the
+        # waiting ones count again and the one behind is named.
+        working = any(stale < self.timeout_s for _, seen, stale, _ in rows)
         if not any(stale >= self.timeout_s and (frozen or not working
                                                 or not seen.record.get("in_coll"))
                    for _, seen, stale, frozen in rows):
