@@ -36,19 +36,19 @@ from disttrain.launch.plan import launch_config
 from disttrain.launch.ports import free_port
 from disttrain.spec.job import LaunchSpec
 
-# What the test ranks' fork server imports once: torch and the rank side, not torch._dynamo
-# and the Trainer's modules that `disttrain run`'s warm server loads. Preloading them cut
-# tests/train/test_trainer_dist.py + test_task_trainer.py from 86-92 to 52-60 s, and twice
-# a clean-clone suite then hung in test_trainer_dist.py: the ranks had finished training
-# and never exited. The likely cause (2026-12-03, from the hang's shape, not reproduced on
-# demand): with torch._dynamo imported *before* the process group is made,
-# destroy_process_group really destroys the gloo group (imported after, as the first
-# optimizer does, the group outlives it: worker.py's note), and the group's destructor can
-# deadlock, joining a gloo thread that waits for the GIL (`runtime.Runtime.__exit__`'s
-# note); test ranks end with `with setup_for_test()`, which destroys the group, while
-# `disttrain run`'s ranks leave without teardown. Kept out until the destroy path is safe
-# in both orders (issue 21).
-PRELOAD = ["torch", "torch.distributed", "disttrain.distributed.runtime"]
+# What the test ranks' fork server imports once, as `disttrain run`'s warm server does:
+# torch._dynamo (the first optimizer call imports it), DDP, the Trainer's modules, and
+# matplotlib's figure and Agg canvas (every Trainer run's rank 0 draws loss.png at its end,
+# `rundir.plot_loss`: ~0.6 s of CPU a run otherwise). It cut tests/train/test_trainer_dist.py
+# + test_task_trainer.py from 86-92 to 52-60 s. Twice a clean-clone suite then hung in
+# test_trainer_dist.py, ranks done and never exiting: with torch._dynamo imported before
+# the group, destroy_process_group let the group go, and a DDP Reducer freed later ran
+# gloo's destructor under the GIL while gloo's worker waited for the GIL (a deadlock;
+# reproduced with py-spy in 1 of ~8 rounds on 2 busy cores). `Runtime.shutdown` now keeps
+# the groups it destroys (`runtime._retire_groups`): 300 rounds of the same repro passed.
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
+           "disttrain.distributed.runtime", "disttrain.train.build",
+           "matplotlib.figure", "matplotlib.backends.backend_agg"]
 
 
 class RanksTimedOut(TimeoutError):

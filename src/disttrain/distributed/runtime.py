@@ -117,8 +117,14 @@ class Runtime:
         return out
 
     def shutdown(self) -> None:
-        """Destroy the process group this runtime created (idempotent)."""
+        """Destroy the process group this runtime created (idempotent).
+
+        The groups leave torch's registry here, but their objects are kept alive
+        (`_retire_groups`), so that the last Python reference to one (a DDP Reducer freed
+        later, or destroy itself) never runs gloo's destructor under the GIL.
+        """
         if self.owns_group and self.distributed:
+            _retire_groups()
             dist.destroy_process_group()
         self.owns_group = False
 
@@ -133,11 +139,44 @@ class Runtime:
             # holding the group) it joins the thread while holding the GIL, and torch 2.13
             # deadlocks (seen as a test rank stuck in ~ProcessGroupGloo after an
             # all_gather_object). A barrier carries no tensors and waits for the work before
-            # it. Not after an exception: a peer may be gone, and the barrier would wait; a
+            # it; it was not enough alone (its own work holds the ones before it until the
+            # worker frees it), so `shutdown` also keeps the group (`_retire_groups`). The
+            # barrier still keeps a rank from leaving while a peer is in the last
+            # collective. Not after an exception: a peer may be gone, and the barrier would wait; a
             # peer that left through an exception closes its connections, which ends ours.
             with contextlib.suppress(RuntimeError):   # DistBackendError is a RuntimeError
                 dist.barrier()
         self.shutdown()
+
+
+# Every process group this process destroyed: kept so that none is ever freed before the
+# process ends (`_retire_groups`).
+_RETIRED: list[Any] = []
+
+
+def _retire_groups() -> None:
+    """Keep a reference to every live group before `destroy_process_group`.
+
+    Why: with torch 2.13, gloo's worker thread frees a finished work (and, through a
+    barrier's work, the works before it) after the synchronous call has returned, and
+    freeing a tensor that Python has already dropped needs the GIL. If the group's last
+    reference goes in the meantime, `~ProcessGroupGloo` joins that thread while holding
+    the GIL: a deadlock. Caught with py-spy on a test rank (torch._dynamo imported before
+    the group, then DDP + all_gather_object, then the `with` block's end): the main thread
+    in `Reducer::~Reducer -> ~ProcessGroupGloo -> std::thread::join`, the worker in
+    `~AsyncBarrierWork -> ~AsyncAllgatherWork -> TensorImpl::decref_pyobject ->
+    gil_scoped_acquire`. Whether destroy freed the group depended on import order (torch
+    ._dynamo imported after the group holds it: worker.py's note); kept here, it never is
+    before the process ends, in either order. A retired group's threads wait idle and its
+    connections stay open until then: a handful per process at most (`setup` twice).
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    world = getattr(c10d, "_world", None)
+    groups = list(getattr(world, "pg_map", {}) or {}) if world is not None else []
+    if not groups and dist.group.WORLD is not None:
+        groups = [dist.group.WORLD]
+    _RETIRED.extend(groups)
 
 
 def _agent_store_restart() -> int | None:
