@@ -169,3 +169,30 @@ def test_the_default_group_can_be_made_again_in_one_process():
     Without it this test failed 1 of 2 runs here (the stale read is a race), with it 0 of 5."""
     out = run_ranks(2, _setup_four_times, timeout_s=60)
     assert out[0] == out[1] == [1.0, 21.0, 41.0, 61.0]
+
+
+def _ddp_gather_and_leave(_: int) -> tuple[bool, bool, int]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    with setup_for_test() as rt:
+        world = dist.group.WORLD
+        model = DistributedDataParallel(torch.nn.Linear(16, 16))
+        model(torch.randn(4, 16)).sum().backward()
+        gathered = rt.all_gather_object({"rank": rt.rank, "pad": list(range(200))})
+    kept = any(group is world for group in runtime._RETIRED)
+    del model   # the Reducer's reference to the group goes here: never its last one
+    return sys.modules.get("torch._dynamo") is not None, kept, len(gathered)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_leaving_the_group_after_ddp_and_a_gather_does_not_deadlock():
+    """torch._dynamo imported before the group (the test ranks' fork server preloads it),
+    DDP, an all_gather_object, then the `with` block's end: the group destroy_process_group
+    let go was freed with the Reducer, and ~ProcessGroupGloo joined a gloo worker waiting for
+    the GIL (1 in ~8 rounds on 2 busy cores). `Runtime.shutdown` keeps it (`_RETIRED`);
+    several rounds, each bounded by run_ranks' wall clock."""
+    for i in range(6):
+        out = run_ranks(2, _ddp_gather_and_leave, i, timeout_s=30, wall_s=60)
+        assert out[0] == out[1] == (True, True, 2), (i, out)
