@@ -5,5 +5,6 @@ and how they wait for the all-reduce (comm_wait: poll or block), activation chec
 (activation_ckpt), the
 cross-rank sync check (sync_check), which torch a job needs (torch_compat, torch-free), and
 the device mesh, tensor-parallel plans (GPT2's Conv1D ones in tp_plans) and pipeline stages
-(mesh, tensor_parallel, tp_plans, pipeline), and data parallel on top of them (composed:
-FSDP2 x TP, replicas' gradient average)."""
+(mesh, tensor_parallel, tp_plans, pipeline, and stage_link: activations between stages for
+evaluation), and data parallel on top of them (composed: FSDP2 x TP, replicas' gradient
+average)."""

@@ -40,7 +40,7 @@ What each piece does differently from data parallel, and why:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ from torch.utils.data import IterableDataset, default_collate
 from disttrain.distributed.mesh import build_mesh, data_rank
 from disttrain.distributed.pipeline import STAGES_PER_RANK, PipelinedModel, balanced_cuts, block_names
 from disttrain.distributed.runtime import Runtime
+from disttrain.distributed.stage_link import StageLink
 from disttrain.distributed.sync_check import SyncReport, check_copies_in_sync, dtensor_copies
 from disttrain.errors import SpecError, StrategyError
 from disttrain.resilience import heartbeat
@@ -318,9 +319,16 @@ class PipelineEvaluator(Evaluator):
     sends the activation on; the last stage scores, then shares the sums with the other
     stages. The traced stages take micro-batches of `mp.rows` rows only (their shapes are
     fixed by the trace), so each eval batch goes through in pieces of that size, the last
-    piece padded with copies of its first row that are not scored."""
+    piece padded with copies of its first row that are not scored.
+
+    The pieces go through as a wavefront, `WINDOW` at a time: a rank runs its first stage
+    on every piece of the window, sending each on without waiting (`StageLink`), then its
+    next stage on each as it arrives. One piece at a time, every piece paid every hop's
+    latency in turn: a 2-rank interleaved chargpt spent 11 s of a 30-step test job in
+    evaluation (1,453 pieces of 2 rows, 3 hops each, two messages a hop)."""
 
     mp: ModelParallel
+    WINDOW = 64
 
     @torch.no_grad()
     def run(self, model: nn.Module, step: int) -> dict[str, float]:
@@ -334,6 +342,26 @@ class PipelineEvaluator(Evaluator):
         ranks = _ranks(pipe.group)
         total = pipe.total_stages   # stage s runs on rank s % pp (one stage per rank: s)
         sums = torch.zeros(2 * len(self.names), dtype=torch.float64, device=self.rt.device)
+        link = StageLink(pipe.group)
+        window: list[tuple[torch.Tensor, torch.Tensor, int, bool]] = []
+        for piece in self._pieces():
+            window.append(piece)
+            if len(window) == self.WINDOW:
+                self._through(window, pipe, ranks, total, link, sums)
+                window = []
+        if window:
+            self._through(window, pipe, ranks, total, link, sums)
+        link.wait()
+        dist.broadcast(sums, src=ranks[-1], group=pipe.group)
+        if self.data_world > 1:
+            dist.all_reduce(sums, group=self.reduce_group)
+        model.train(was_training)
+        values = sums.tolist()
+        return {name: (values[2 * i] / values[2 * i + 1] if values[2 * i + 1] else float("nan"))
+                for i, name in enumerate(self.names)}
+
+    def _pieces(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int, bool]]:
+        """(input of `mp.rows` rows, target, rows to score, scored) of every eval piece."""
         rows = self.mp.rows
         for batch, real in self._batches():
             xs, ys = to_device(batch, self.rt.device)
@@ -342,30 +370,35 @@ class PipelineEvaluator(Evaluator):
                 n = len(x)
                 if n < rows:   # pad to the traced shape; the copies are not scored
                     x = torch.cat([x, x[:1].expand(rows - n, *x.shape[1:])])
-                h = x
-                for index, chunk in pipe.chunks.items():   # this rank's stages, in order
-                    if index:
-                        h = _recv(ranks[(index - 1) % len(ranks)], pipe.group, self.rt.device)
-                    with self.precision.autocast():
-                        h = _single(chunk(h))
-                    if index < total - 1:
-                        _send(h, ranks[(index + 1) % len(ranks)], pipe.group)
-                if total - 1 not in pipe.chunks or not real:
-                    continue
-                h = h[:n]
-                sums[0] += self.task.loss_fn(h, y).detach().double() * n
-                sums[1] += n
-                for i, fn in enumerate(self.task.metrics.values(), start=1):
-                    total, count = fn(h, (x[:n], y))
-                    sums[2 * i] += float(total)
-                    sums[2 * i + 1] += float(count)
-        dist.broadcast(sums, src=ranks[-1], group=pipe.group)
-        if self.data_world > 1:
-            dist.all_reduce(sums, group=self.reduce_group)
-        model.train(was_training)
-        values = sums.tolist()
-        return {name: (values[2 * i] / values[2 * i + 1] if values[2 * i + 1] else float("nan"))
-                for i, name in enumerate(self.names)}
+                yield x, y, n, real
+
+    def _through(self, window: list[tuple[torch.Tensor, torch.Tensor, int, bool]],
+                 pipe: PipelinedModel, ranks: list[int], total: int, link: StageLink,
+                 sums: torch.Tensor) -> None:
+        """This rank's stages, in order, each on every piece of the window; the last
+        stage scores."""
+        outs = [x for x, _, _, _ in window]
+        for index, chunk in pipe.chunks.items():   # this rank's stages, in order
+            for k in range(len(window)):
+                h = outs[k] if not index else link.recv(
+                    ranks[(index - 1) % len(ranks)], index - 1, self.rt.device)
+                with self.precision.autocast():
+                    h = _single(chunk(h))
+                if index < total - 1:
+                    link.send(h, ranks[(index + 1) % len(ranks)], index)
+                outs[k] = h
+        if total - 1 not in pipe.chunks:
+            return
+        for (x, y, n, real), h in zip(window, outs):
+            if not real:
+                continue
+            h = h[:n]
+            sums[0] += self.task.loss_fn(h, y).detach().double() * n
+            sums[1] += n
+            for i, fn in enumerate(self.task.metrics.values(), start=1):
+                scored, count = fn(h, (x[:n], y))
+                sums[2 * i] += float(scored)
+                sums[2 * i + 1] += float(count)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -398,26 +431,3 @@ def _single(out: Any) -> torch.Tensor:
         raise StrategyError("pipeline parallel evaluation passes one tensor between stages; "
                             f"a stage returned {type(out).__name__}")
     return out
-
-
-_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
-
-
-def _send(t: torch.Tensor, dst: int, group: Any) -> None:
-    """Shape and dtype first (a fixed-size header), then the tensor."""
-    if t.dtype not in _DTYPES or t.ndim > 6:
-        raise StrategyError(f"pipeline evaluation: cannot pass a {t.dtype} tensor of {t.ndim} dims")
-    head = torch.zeros(8, dtype=torch.int64)
-    head[0], head[1] = t.ndim, _DTYPES.index(t.dtype)
-    head[2:2 + t.ndim] = torch.tensor(t.shape)
-    dist.send(head.to(t.device), dst=dst, group=group)
-    dist.send(t.contiguous(), dst=dst, group=group)
-
-
-def _recv(src: int, group: Any, device: torch.device) -> torch.Tensor:
-    head = torch.zeros(8, dtype=torch.int64, device=device)
-    dist.recv(head, src=src, group=group)
-    ndim, code = int(head[0]), int(head[1])
-    t = torch.empty(tuple(int(v) for v in head[2:2 + ndim]), dtype=_DTYPES[code], device=device)
-    dist.recv(t, src=src, group=group)
-    return t
