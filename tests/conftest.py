@@ -21,6 +21,10 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 settings.register_profile("fuzz", max_examples=1000, derandomize=False, database=None,
                           deadline=None, print_blob=True)
 settings.load_profile("ci")
+# No loss.png at the end of every run (envvars.NO_LOSS_PNG: ~1 s of a core on rank 0 each,
+# some 140 runs); the tests of the plot itself turn it back on (`WITH_LOSS_PNG`).
+os.environ["DISTTRAIN_NO_LOSS_PNG"] = "1"
+WITH_LOSS_PNG = {"DISTTRAIN_NO_LOSS_PNG": ""}
 # set by torch itself on first use of dynamo/inductor, not by the code under test
 IGNORED_ENV = {"PYTEST_CURRENT_TEST", "OMP_NUM_THREADS", "DISTTRAIN_T0", "TORCHINDUCTOR_CACHE_DIR"}
 DISTTRAIN = [sys.executable, "-m", "disttrain.cli.main"]

@@ -69,7 +69,8 @@ def test_every_disttrain_name_of_the_package_is_declared():
     assert names <= set(envvars.VARS)
     assert {n for n in envvars.VARS if n.startswith("DISTTRAIN_")} == {
         "DISTTRAIN_COMM_WAIT", "DISTTRAIN_FAULT", "DISTTRAIN_FSDP_VERSION",
-        "DISTTRAIN_NO_MALLOPT", "DISTTRAIN_RUN_DIR", "DISTTRAIN_STOP_RECORD", "DISTTRAIN_T0",
+        "DISTTRAIN_NO_LOSS_PNG", "DISTTRAIN_NO_MALLOPT", "DISTTRAIN_RUN_DIR",
+        "DISTTRAIN_STOP_RECORD", "DISTTRAIN_T0",
         "DISTTRAIN_TEST_TIMEOUT_S",
         "DISTTRAIN_VERIFY_FAULT", "DISTTRAIN_WARM_TASK", "DISTTRAIN_WATCHDOG"}
 

@@ -68,7 +68,8 @@ def test_writer_keeps_the_launchers_job_yaml_and_writes_one_when_missing(tmp_pat
     assert (bare / JOB_YAML).read_text() == "from the trainer\n"
 
 
-def test_writer_records_truncation_and_last_train_loss(tmp_path):
+def test_writer_records_truncation_and_last_train_loss(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTTRAIN_NO_LOSS_PNG", "")   # the suite turns the plot off
     w = open_writer(tmp_path, "x\n")
     assert w.last_train_loss() is None
     w.log([{"split": "train", "rank": r, "step": s, "loss": float(s + r)}
@@ -111,3 +112,12 @@ def test_a_torn_last_record_is_dropped_on_resume(tmp_path):
     writer.truncate_after(1)
     writer.close()
     assert (tmp_path / "metrics.jsonl").read_text() == '{"split": "train", "step": 1, "loss": 1.0}\n'
+
+
+def test_no_loss_png_when_asked(tmp_path, monkeypatch):
+    """DISTTRAIN_NO_LOSS_PNG (the suite sets it): the run ends with its summary, no plot."""
+    monkeypatch.setenv("DISTTRAIN_NO_LOSS_PNG", "1")
+    w = open_writer(tmp_path, "x\n")
+    w.log([{"split": "train", "rank": 0, "step": 1, "loss": 1.0}])
+    w.finish({"steps": 1})
+    assert (tmp_path / "summary.json").is_file() and not (tmp_path / "loss.png").exists()

@@ -74,6 +74,10 @@ COMM_WAIT = _var("DISTTRAIN_COMM_WAIT", YOU,
                  "only with a free core per rank), `poll` or `block` (docs/performance.md)")
 NO_MALLOPT = _var("DISTTRAIN_NO_MALLOPT", YOU,
                   "any value: leave glibc malloc's thresholds alone in each rank")
+NO_LOSS_PNG = _var("DISTTRAIN_NO_LOSS_PNG", YOU,
+                   "any value: a run ends without drawing loss.png (about 1 s of a core on "
+                   "rank 0, mostly matplotlib's import); `disttrain report RUN_DIR` draws the "
+                   "loss later. The test suite sets it")
 FSDP_VERSION = _var("DISTTRAIN_FSDP_VERSION", YOU,
                     "`1` forces FSDP1 even where torch has fully_shard (FSDP2)")
 FAULT = _var("DISTTRAIN_FAULT", YOU,

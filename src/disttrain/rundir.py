@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from disttrain import envvars
 from disttrain.errors import Failure
 
 JOB_YAML = "job.yaml"
@@ -184,9 +185,11 @@ class RunWriter:
         return plot_loss(self.metrics_path, self.run_dir / LOSS_PNG)
 
     def finish(self, summary: dict[str, Any]) -> None:
-        """The end of a run: summary.json, loss.png, metrics.jsonl closed."""
+        """The end of a run: summary.json, loss.png (unless `envvars.NO_LOSS_PNG`),
+        metrics.jsonl closed."""
         self.write_summary(summary)
-        self.plot_loss()
+        if not envvars.flag(envvars.NO_LOSS_PNG):
+            self.plot_loss()
         self.close()
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS_JOB, REFERENCE_JOB, REFERENCE_STEPS, ROOT, copy_run, run_cli
+from tests.conftest import DIGITS_JOB, REFERENCE_JOB, REFERENCE_STEPS, ROOT, WITH_LOSS_PNG, copy_run, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -19,7 +19,7 @@ def _summary(run_dir: Path) -> dict:
 
 
 def test_main_job_defaults(tmp_path):
-    res = run_cli("run", cwd=tmp_path)
+    res = run_cli("run", cwd=tmp_path, env=WITH_LOSS_PNG)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout
     assert "epoch  train loss  test loss  test acc   samples/s" in out

@@ -12,6 +12,7 @@ from disttrain.examples.datasets import load_digits
 from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 from disttrain.train.loader import ShardedLoader
+from tests.conftest import WITH_LOSS_PNG
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -101,7 +102,7 @@ def _build_in_own_dir(base: str):
 
 
 def test_only_rank0_writes(tmp_path):
-    results = run_ranks(2, _build_in_own_dir, str(tmp_path), timeout_s=120)
+    results = run_ranks(2, _build_in_own_dir, str(tmp_path), timeout_s=120, env=WITH_LOSS_PNG)
     # each rank's own live status (train/step_timing.py) is the one file every rank writes
     assert results[1] == ["out", "out/live", "out/live/rank-1.json"], f"rank 1 wrote files: {results[1]}"
     assert {"out/summary.json", "out/metrics.jsonl", "out/job.yaml", "out/checkpoints/last.pt",
