@@ -34,11 +34,20 @@ def run_worker(spec_data: dict[str, Any]) -> dict[str, Any]:
     from disttrain.train.build import build_trainer
 
     spec = JobSpec.model_validate(spec_data)
+    recorded: list[BaseException] = []
     try:
         with runtime.setup(spec.launch.backend, spec.launch.timeout_s, threads=spec.train.threads) as rt:
-            summary = build_trainer(spec, rt).fit()
+            try:
+                summary = build_trainer(spec, rt).fit()
+            except Exception as exc:
+                # recorded before the group's exit, which can wait for the other ranks to
+                # fail too (`Runtime._fail_together`): the launcher may stop this rank then
+                _record_failure(spec, exc)
+                recorded.append(exc)
+                raise
     except Exception as exc:
-        _record_failure(spec, exc)
+        if exc not in recorded:   # the group's own set-up failed
+            _record_failure(spec, exc)
         raise
     from disttrain.resilience import preemption
 

@@ -196,3 +196,43 @@ def test_leaving_the_group_after_ddp_and_a_gather_does_not_deadlock():
     for i in range(6):
         out = run_ranks(2, _ddp_gather_and_leave, i, timeout_s=30, wall_s=60)
         assert out[0] == out[1] == (True, True, 2), (i, out)
+
+
+class _CountingStore:
+    """The job's store as `Runtime._fail_together` uses it: `add` counts failed ranks;
+    `others` more ranks arrive after `after` polls (None: never)."""
+
+    def __init__(self, others: int, after: int | None) -> None:
+        self.count, self.others, self.after, self.polls = 0, others, after, 0
+
+    def add(self, key: str, n: int) -> int:
+        assert key == runtime._FAILED_KEY
+        self.count += n
+        if n == 0:
+            self.polls += 1
+            if self.after is not None and self.polls == self.after:
+                self.count += self.others
+        return self.count
+
+
+@pytest.mark.parametrize(("rank", "agent", "after", "polls"), [
+    (0, False, 3, 3),      # rank 0 hosts the store: it waits until rank 1 failed too
+    (0, False, None, None),  # rank 1 never fails (it waits in a collective): the bound ends it
+    (0, True, 3, 0),       # torchrun's agent hosts the store: no wait
+    (1, False, 3, 0),      # not the host: counted, no wait
+])
+def test_a_failing_rank_that_hosts_the_store_waits_for_the_others(monkeypatch, rank, agent, after, polls):
+    env = read_env({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    store = _CountingStore(others=1, after=after)
+    monkeypatch.setattr(torch.distributed.distributed_c10d, "_get_default_store", lambda: store)
+    monkeypatch.setattr(runtime, "FAIL_TOGETHER_S", 0.3)
+    if agent:
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    rt = runtime.Runtime(env, "gloo", torch.device("cpu"), 10.0, owns_group=True)
+    rt._fail_together()
+    assert store.count >= 1   # this rank is counted
+    if polls is None:
+        assert store.polls >= 3 and store.count == 1   # polled until the bound
+    else:
+        assert store.polls == polls

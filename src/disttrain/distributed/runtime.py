@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import inspect
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -146,8 +147,42 @@ class Runtime:
             # peer that left through an exception closes its connections, which ends ours.
             with contextlib.suppress(RuntimeError):   # DistBackendError is a RuntimeError
                 dist.barrier()
+        elif exc_type is not None and self.owns_group and self.distributed:
+            self._fail_together()
         self.shutdown()
 
+    def _fail_together(self) -> None:
+        """After an exception: count this rank as failed in the job's store, and where this
+        process hosts that store (rank 0 under `--launcher spawn` or `env`; torchrun's
+        agent hosts its own), wait, at most `FAIL_TOGETHER_S`, for the other ranks to fail
+        too before leaving.
+
+        Why: a task that cannot be built fails on every rank, but not at the same moment.
+        When rank 0 left first, its store went with it while rank 1 was still connecting
+        its gloo pairs through it, and rank 1 printed torch's C++ store warnings with
+        their native frames ("recvValue failed ... Connection reset by peer") above the
+        one-line error (1 run in ~6 of a failing task under `--launcher spawn`). A rank
+        that fails alone (the others wait in a collective) costs the bound and no more.
+        """
+        if self.world_size < 2 or not self.env.launched:
+            return
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            failed = store.add(_FAILED_KEY, 1)
+            if self.rank != 0 or envvars.uses_agent_store():
+                return
+            deadline = time.monotonic() + FAIL_TOGETHER_S
+            while failed < self.world_size and time.monotonic() < deadline:
+                time.sleep(0.05)
+                failed = store.add(_FAILED_KEY, 0)
+        except Exception:   # leaving after a failure: never a second error
+            return
+
+
+# After an exception, how long the rank hosting the job's store waits for the other ranks to
+# fail too (`Runtime._fail_together`), and the store key that counts them.
+FAIL_TOGETHER_S = 5.0
+_FAILED_KEY = "disttrain/ranks_failed"
 
 # Every process group this process destroyed: kept so that none is ever freed before the
 # process ends (`_retire_groups`).
