@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -218,8 +219,8 @@ class _CountingStore:
 @pytest.mark.parametrize(("rank", "agent", "after", "polls"), [
     (0, False, 3, 3),      # rank 0 hosts the store: it waits until rank 1 failed too
     (0, False, None, None),  # rank 1 never fails (it waits in a collective): the bound ends it
-    (0, True, 3, 0),       # torchrun's agent hosts the store: no wait
-    (1, False, 3, 0),      # not the host: counted, no wait
+    (0, True, 3, 0),       # torchrun's agent hosts the store: nothing to do
+    (1, False, 3, 0),      # not the host: counted (in a thread), no wait
 ])
 def test_a_failing_rank_that_hosts_the_store_waits_for_the_others(monkeypatch, rank, agent, after, polls):
     env = read_env({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
@@ -231,8 +232,29 @@ def test_a_failing_rank_that_hosts_the_store_waits_for_the_others(monkeypatch, r
         monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     rt = runtime.Runtime(env, "gloo", torch.device("cpu"), 10.0, owns_group=True)
     rt._fail_together()
-    assert store.count >= 1   # this rank is counted
+    assert store.count >= (0 if agent else 1)   # this rank is counted where it matters
     if polls is None:
         assert store.polls >= 3 and store.count == 1   # polled until the bound
     else:
         assert store.polls == polls
+
+
+class _DeadStore:
+    """rank 0's store across a link that is down: `add` never returns."""
+
+    def add(self, key: str, n: int) -> int:
+        threading.Event().wait()
+        return 0
+
+
+def test_a_failing_rank_never_waits_on_a_store_it_cannot_reach(monkeypatch):
+    """Rank 1 of a pod job whose store host is cut off (k8s run-local's partition test):
+    counting itself in is bounded, so the rank leaves and its host's failure is reported."""
+    env = read_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                    "MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "1"})
+    monkeypatch.setattr(torch.distributed.distributed_c10d, "_get_default_store", _DeadStore)
+    monkeypatch.setattr(runtime, "_COUNT_IN_S", 0.2)
+    rt = runtime.Runtime(env, "gloo", torch.device("cpu"), 10.0, owns_group=True)
+    done = threading.Event()
+    threading.Thread(target=lambda: (rt._fail_together(), done.set()), daemon=True).start()
+    assert done.wait(timeout=10), "_fail_together blocked on an unreachable store"

@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -164,24 +165,39 @@ class Runtime:
         one-line error (1 run in ~6 of a failing task under `--launcher spawn`). A rank
         that fails alone (the others wait in a collective) costs the bound and no more.
         """
-        if self.world_size < 2 or not self.env.launched:
-            return
+        if self.world_size < 2 or not self.env.launched or envvars.uses_agent_store():
+            return   # torchrun's agent hosts the store: it outlives every rank
         try:
             store = dist.distributed_c10d._get_default_store()
-            failed = store.add(_FAILED_KEY, 1)
-            if self.rank != 0 or envvars.uses_agent_store():
-                return
-            deadline = time.monotonic() + FAIL_TOGETHER_S
-            while failed < self.world_size and time.monotonic() < deadline:
-                time.sleep(0.05)
-                failed = store.add(_FAILED_KEY, 0)
         except Exception:   # leaving after a failure: never a second error
             return
+        if self.rank != 0:
+            # The store is rank 0's, maybe across a dead link or gone: counting in must
+            # never hold this rank's exit, so it runs in a daemon thread given a moment.
+            counting = threading.Thread(target=_count_failed, args=(store,), daemon=True,
+                                        name="disttrain-fail-together")
+            counting.start()
+            counting.join(timeout=_COUNT_IN_S)
+            return
+        failed = _count_failed(store)   # this process's own store: local, at once
+        deadline = time.monotonic() + FAIL_TOGETHER_S
+        while failed < self.world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+            failed = _count_failed(store, 0)
+
+
+def _count_failed(store: Any, n: int = 1) -> int:
+    """Add `n` to the job's count of failed ranks; the count (0 when the store fails)."""
+    try:
+        return int(store.add(_FAILED_KEY, n))
+    except Exception:   # leaving after a failure: never a second error
+        return 0
 
 
 # After an exception, how long the rank hosting the job's store waits for the other ranks to
 # fail too (`Runtime._fail_together`), and the store key that counts them.
 FAIL_TOGETHER_S = 5.0
+_COUNT_IN_S = 1.0   # how long another rank gives its count before it leaves anyway
 _FAILED_KEY = "disttrain/ranks_failed"
 
 # Every process group this process destroyed: kept so that none is ever freed before the
