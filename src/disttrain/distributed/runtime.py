@@ -221,13 +221,7 @@ def _retire_groups() -> None:
     before the process ends, in either order. A retired group's threads wait idle and its
     connections stay open until then: a handful per process at most (`setup` twice).
     """
-    from torch.distributed import distributed_c10d as c10d
-
-    world = getattr(c10d, "_world", None)
-    groups = list(getattr(world, "pg_map", {}) or {}) if world is not None else []
-    if not groups and dist.group.WORLD is not None:
-        groups = [dist.group.WORLD]
-    _RETIRED.extend(groups)
+    _RETIRED.extend(dist.distributed_c10d._world.pg_map)   # every group, the default one too
 
 
 def _agent_store_restart() -> int | None:

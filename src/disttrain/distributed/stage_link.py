@@ -1,9 +1,9 @@
 """Activations between pipeline stages outside torch's schedules: evaluation's forward.
 
     link = StageLink(group)
-    link.send(h, dst)              # non-blocking: the call returns at once
-    h = link.recv(src, stage)      # blocks until that tensor has arrived
-    link.wait()                    # every send of this link has completed
+    link.send(h, dst, stage)           # stage `stage`'s output; returns at once
+    h = link.recv(src, stage, device)  # the next output of `stage`, once it has arrived
+    link.wait()                        # every send of this link has completed
 
 torch's schedules run the training step; an evaluation pass is a plain forward through the
 stages, which needs only point-to-point sends. Two things make it cheap on gloo, where a
