@@ -47,6 +47,22 @@ def test_entry_runs_a_script_as_python_does(tmp_path, body):
     assert "__main__ s.py ['--batch_size', '3', '--', 'x'] sub" in entry.stdout
 
 
+def test_entry_writes_whole_lines_even_under_python_u(tmp_path):
+    """`disttrain run` starts scripts with `python -u`, which writes `print("a", 1)` in four
+    pieces; torch's tee reads a growing file by `readline` and printed half lines with another
+    rank's line between them (a CI failure). The entry writes a line at a time, still at
+    once: line buffering on, write-through off, for stdout and stderr."""
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nfor s in (sys.stdout, sys.stderr):\n"
+                      "    print(s.line_buffering, s.write_through, flush=True)\n")
+    plain = subprocess.run([sys.executable, "-u", str(script)], capture_output=True, text=True,
+                           timeout=60)
+    entry = subprocess.run([sys.executable, "-u", *ENTRY[1:], str(script)], capture_output=True,
+                           text=True, timeout=60)
+    assert plain.stdout.split() == ["False", "True", "False", "True"]  # what -u gives
+    assert entry.stdout.split() == ["True", "False", "True", "False"], entry.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_unmodified_script_that_stalls_is_named_within_the_timeout(tmp_path, no_stray_workers):

@@ -404,6 +404,7 @@ def run_script(script: str, args: Sequence[str], timeout_s: float,
             own.install(sys.modules["torch.multiprocessing"])
 
     when_torch_imported(install)
+    whole_lines()
     # As `python script.py` has it: the script's folder first on sys.path, its absolute
     # path as `__file__` and in tracebacks (runpy also puts it in sys.argv[0])
     path = os.path.abspath(script)
@@ -423,6 +424,23 @@ def run_script(script: str, args: Sequence[str], timeout_s: float,
         if own is not None:
             own.remove()
     return 0
+
+
+def whole_lines() -> None:
+    """Write stdout and stderr a line at a time, as live as `python -u` but never half a line.
+
+    Why: the workers run under `python -u` (or `PYTHONUNBUFFERED=1`, set in most images), so
+    `print("done on rank", 1)` reaches the file in four writes, and torch's tee
+    (`TailLog.tail_logfile`, `readline` on a growing file) can read the line half written and
+    print `[rank1]:done on rank ` and `[rank1]:1` as two lines, with another rank's line in
+    between (seen in this project's CI). Line buffering on the text layer keeps each line one
+    write, and still flushes at every newline, so nothing waits in a buffer.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a replaced stream may lack it
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(line_buffering=True, write_through=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
