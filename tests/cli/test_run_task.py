@@ -37,6 +37,14 @@ TASK_FILE = textwrap.dedent('''
         raise ValueError("no training data at /data/train")
 
 
+    def broken_late() -> TrainTask:
+        import os
+        import time
+        if os.environ["RANK"] == "0":
+            time.sleep(3)   # rank 1 has failed (and been seen failing) by then
+        raise ValueError("no training data at /data/train")
+
+
     def not_a_task(hidden: int = 16):
         return {"model": hidden}
 ''')
@@ -221,6 +229,18 @@ def test_task_failing_in_the_workers_is_reported_once(task_dir, ref, launcher, m
     assert set(kinds.values()) <= {("task", "TaskError"), ("crash", "RuntimeError")}, records
     task_records = [r for r in records if r["kind"] == "task"]
     assert all(message.removeprefix("error: ") in r["message"] for r in task_records)
+
+
+@pytest.mark.slow
+def test_spawn_gives_a_peer_time_to_record_its_own_failure(task_dir):
+    """Fault: rank 1 raises at once, rank 0 the same error 3 s later. torch's join SIGTERMs
+    the other workers as soon as one failed; `--launcher spawn` gives them
+    PEER_EXIT_GRACE_S first, so rank 0's own typed record is written too."""
+    res = run_cli("run", "--task", "mytask:broken_late", "--nproc-per-node", "2", "--epochs", "1",
+                  "--launcher", "spawn", cwd=task_dir)
+    assert res.returncode == 2, res.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in task_dir.glob("runs/*/failures/rank-*.json")]
+    assert sorted((r["rank"], r["kind"]) for r in records) == [(0, "task"), (1, "task")], records
 
 
 def test_worker_reports_a_task_error_with_exit_2(task_dir):

@@ -248,13 +248,21 @@ class SpawnLauncher:
         return _stopped(got[0]) if got else LaunchResult()
 
 
+PEER_EXIT_GRACE_S = 10.0
+"""After one `--launcher spawn` worker failed, how long the others have to end on their own
+before torch's join sends them SIGTERM (then as long again before SIGKILL). A peer that
+raised the same error a moment later writes its own typed failure record, and one inside a
+collective sees the closed connection; without it, join's immediate SIGTERM left such a
+rank without a record (a clean-clone CI run under load: only rank 1's of two)."""
+
+
 def _join_within_grace(ctx: Any, got: list[int], grace_s: float) -> None:
     """Wait for mp.start_processes' workers; once a stop signal was forwarded to them,
     at most `grace_s` more before SIGKILL, as torch's agent does for torchrun."""
     import time
 
     deadline: float | None = None
-    while not ctx.join(timeout=0.1):
+    while not ctx.join(timeout=0.1, grace_period=PEER_EXIT_GRACE_S):
         if got and deadline is None:
             deadline = time.monotonic() + grace_s
         if deadline is not None and time.monotonic() > deadline:
