@@ -190,9 +190,15 @@ def test_a_refused_job_leaves_no_warm_fork_server_behind(task_dir):
 
 @pytest.mark.slow
 def test_task_trains_on_two_ranks(task_dir):
+    # a TMPDIR too long for a unix socket (the warm worker server's): workers are spawned
+    tmp = task_dir / ("t" * 100)
+    tmp.mkdir()
     res = run_cli("run", "--task", "mytask:make_task", "--task-args", "{hidden: 12}",
-                  "--nproc-per-node", "2", "--epochs", "1", cwd=task_dir)
+                  "--nproc-per-node", "2", "--epochs", "1", cwd=task_dir, env={"TMPDIR": str(tmp)})
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "note: the warm worker server could not start (AF_UNIX path too long" in res.stderr
+    # torch's agent keeps per-attempt folders; not one torchelastic_* left in TMPDIR per run
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
     run_dir = task_dir / "runs" / "mytask"   # named after the task
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["params_in_sync"] is True
@@ -236,9 +242,13 @@ def test_spawn_gives_a_peer_time_to_record_its_own_failure(task_dir):
     """Fault: rank 1 raises at once, rank 0 the same error 3 s later. torch's join SIGTERMs
     the other workers as soon as one failed; `--launcher spawn` gives them
     PEER_EXIT_GRACE_S first, so rank 0's own typed record is written too."""
+    tmp = task_dir / "tmp"
+    tmp.mkdir()
     res = run_cli("run", "--task", "mytask:broken_late", "--nproc-per-node", "2", "--epochs", "1",
-                  "--launcher", "spawn", cwd=task_dir)
+                  "--launcher", "spawn", cwd=task_dir, env={"TMPDIR": str(tmp)})
     assert res.returncode == 2, res.stderr[-3000:]
+    # torch's join reads the failed workers' pytorch-errorfile-*.pickle and leaves them
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
     records = [json.loads(p.read_text()) for p in task_dir.glob("runs/*/failures/rank-*.json")]
     assert sorted((r["rank"], r["kind"]) for r in records) == [(0, "task"), (1, "task")], records
 

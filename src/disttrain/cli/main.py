@@ -95,6 +95,7 @@ def entry() -> None:
     handlers run (logging's flush, multiprocessing's and tempfile's clean-ups), then
     `resilience.watchdog.exit_now` flushes stdio and ends the process."""
     import atexit
+    import sys
     import threading
 
     from disttrain.resilience.watchdog import exit_now
@@ -106,6 +107,14 @@ def entry() -> None:
             if thread is not threading.main_thread() and not thread.daemon:
                 thread.join()
         atexit._run_exitfuncs()
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:   # a bug in disttrain: say so, with where it is (never exit 1 mutely)
+        import traceback
+
+        traceback.print_exc()
+        print("error: disttrain failed unexpectedly (the traceback above); please report it",
+              file=sys.stderr, flush=True)
     finally:
         exit_now(code)
 

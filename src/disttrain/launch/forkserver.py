@@ -44,9 +44,27 @@ def prewarm_workers(task: dict[str, Any] | None = None) -> bool:
         envvars.set_env(envvars.WARM_TASK, json.dumps(task))
     try:
         forkserver.ensure_running()
+    except OSError as exc:
+        # Its socket lives in multiprocessing's temp folder under TMPDIR: a TMPDIR over ~80
+        # characters makes "AF_UNIX path too long" (Python < 3.13 does not fall back to /tmp).
+        _say_once(f"note: the warm worker server could not start ({exc}; TMPDIR="
+                  f"{os.environ.get('TMPDIR', '')!r}); workers start with 'spawn', each "
+                  "importing torch itself: a shorter TMPDIR makes them start faster")
+        return False
     finally:
         os.environ.pop(envvars.WARM_TASK, None)
     return True
+
+
+_said: set[str] = set()
+
+
+def _say_once(note: str) -> None:
+    import sys
+
+    if note not in _said:
+        _said.add(note)
+        print(note, file=sys.stderr, flush=True)
 
 
 def worker_start_method() -> str:

@@ -93,9 +93,10 @@ class ElasticLauncher:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
 
-        config = plan.config(self.start_method, self.logs_dir)
         try:
-            with _signals_restored(), quiet_agent_stop(), agent_report_to(self.agent_log) as kept:
+            with _agent_scratch(self.logs_dir) as scratch, _signals_restored(), \
+                    quiet_agent_stop(), agent_report_to(self.agent_log) as kept:
+                config = plan.config(self.start_method, self.logs_dir, scratch)
                 values = elastic_launch(config, self.entry)(*self.args)
         except ChildFailedError as exc:
             host = socket.gethostname()
@@ -113,6 +114,20 @@ class ElasticLauncher:
         except KeyboardInterrupt:  # Ctrl-C before the agent took the signals over
             return _stopped(int(signal.SIGINT))
         return LaunchResult(values=dict(values or {}))
+
+
+@contextlib.contextmanager
+def _agent_scratch(logs_dir: Path | None) -> Iterator[Path | None]:
+    """Without tee'd logs, a temporary folder for torch's agent's per-attempt files, removed
+    when the launch ends: torch's default (`DefaultLogsSpecs()`) makes a torchelastic_*
+    folder in /tmp for every launch and leaves it there."""
+    if logs_dir is not None:
+        yield None
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="disttrain-agent-") as scratch:
+        yield Path(scratch)
 
 
 def _stopped(signum: int) -> LaunchResult:
@@ -232,7 +247,7 @@ class SpawnLauncher:
         first = spec.launch.node_rank * nproc
         ctx = mp.start_processes(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc,
                                  join=False, start_method=method)
-        with _forwarding_signals([p.pid for p in ctx.processes]) as got:
+        with _forwarding_signals([p.pid for p in ctx.processes]) as got, _removing(ctx.error_files):
             try:
                 _join_within_grace(ctx, got, spec.launch.stop_grace_s)
             except mp.ProcessRaisedException as exc:
@@ -269,6 +284,18 @@ def _join_within_grace(ctx: Any, got: list[int], grace_s: float) -> None:
             for proc in ctx.processes:
                 if proc.is_alive():
                     proc.kill()
+
+
+@contextlib.contextmanager
+def _removing(error_files: list[str]) -> Iterator[None]:
+    """Remove the /tmp/pytorch-errorfile-*.pickle of the workers that failed once their
+    join is over: torch's join reads the first and leaves them all behind."""
+    try:
+        yield
+    finally:
+        for name in error_files:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
 
 
 @contextlib.contextmanager

@@ -96,7 +96,7 @@ def _process_start() -> float:
 
 # -- torch's LaunchConfig ------------------------------------------------------------------
 def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: str,
-                  logs_dir: Path | None = None) -> LaunchConfig:
+                  logs_dir: Path | None = None, scratch_dir: Path | None = None) -> LaunchConfig:
     """The one builder of torch's `LaunchConfig` for `elastic_launch`.
 
     Args:
@@ -107,6 +107,8 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
         start_method: "forkserver" (workers forked from the warm server) or "spawn".
         logs_dir: where torch tees each worker's output (user scripts), lines prefixed
             `[rank<N>]:`; None leaves the workers' output as it is.
+        scratch_dir: without `logs_dir`, where torch's agent keeps its per-attempt folders
+            (the workers' error files): a folder the caller removes afterwards.
 
     Returns:
         A static rendezvous at master_addr:master_port on one node (rank 0: no store to
@@ -128,11 +130,13 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
         endpoint = launch.rdzv_endpoint or f"{launch.master_addr}:{launch.master_port}"
         configs = {"timeout": int(launch.timeout_s),  # join_timeout: c10d's own deadline
                    "join_timeout": launch.rdzv_timeout_s or DEFAULT_RDZV_TIMEOUT_S}
-    logs_specs = None
-    if logs_dir is not None:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
+    if logs_dir is not None:
         logs_specs = DefaultLogsSpecs(log_dir=str(logs_dir), redirects=Std.NONE, tee=Std.ALL)
+    else:   # torch's default would mkdtemp a torchelastic_* folder in /tmp per launch, kept
+        logs_specs = DefaultLogsSpecs(log_dir=str(scratch_dir), redirects=Std.NONE, tee=Std.NONE) \
+            if scratch_dir is not None else None
     return LaunchConfig(
         min_nodes=launch.nnodes, max_nodes=launch.nnodes, nproc_per_node=nproc,
         run_id=launch.rdzv_id or f"{name}-{uuid.uuid4().hex[:8]}",
@@ -172,10 +176,11 @@ class LaunchPlan:
         """What every worker inherits (`worker_env`)."""
         return worker_env(self.spec, self.nproc)
 
-    def config(self, start_method: str, logs_dir: Path | None = None) -> LaunchConfig:
+    def config(self, start_method: str, logs_dir: Path | None = None,
+               scratch_dir: Path | None = None) -> LaunchConfig:
         """torch's LaunchConfig for this plan (`launch_config`)."""
         return launch_config(self.spec.launch, self.nproc, name=self.spec.name,
-                             start_method=start_method, logs_dir=logs_dir)
+                             start_method=start_method, logs_dir=logs_dir, scratch_dir=scratch_dir)
 
     def moved_to(self, port: int, note: str) -> LaunchPlan:
         """The same plan on another port, with `note` saying why."""
