@@ -115,3 +115,38 @@ def test_spawn_launcher_refuses_scripts(tmp_path):
     res = run_cli("run", "t.py", "--launcher", "spawn", cwd=tmp_path, timeout=60)
     assert res.returncode == 2
     assert "--launcher spawn runs the built-in job" in res.stderr
+
+
+TAKEN_AFTER_PLANNING = """
+import json, socket, sys
+from disttrain.launch.launchers import launch, plan_launch
+from disttrain.spec.job import JobSpec
+
+if __name__ == "__main__":   # the workers' start method imports this module
+    spec = JobSpec.from_dict({"launch": {"launcher": "spawn", "nproc_per_node": 2}},
+                             {"epochs": 1, "max_steps": 2, "checkpoint_every_epochs": 0,
+                              "run_dir": sys.argv[1]})
+    plan = plan_launch(spec)                  # the port is free now ...
+    other = socket.socket()                   # ... and another job's store takes it
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    other.bind(("", plan.spec.launch.master_port))
+    other.listen()
+    result = launch(spec, plan)
+    print(json.dumps({"exit_code": result.exit_code, "notes": result.notes,
+                      "port": plan.spec.launch.master_port}))
+"""
+
+
+def test_spawn_binds_the_job_store_before_its_workers_start(tmp_path):
+    """Fault: the planned port is taken between the check and the start (another job
+    started meanwhile). The spawn launcher hosts the job's store itself and binds it before
+    any worker starts: PortTaken, picked again, and the job trains on its own port
+    (before, rank 1 connected to whatever listened there: the other job's store)."""
+    (tmp_path / "taken.py").write_text(TAKEN_AFTER_PLANNING)
+    res = subprocess.run([sys.executable, "taken.py", "run"], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["exit_code"] == 0, res.stderr[-3000:]
+    assert f"port {out['port']} was taken just before the start" in " ".join(out["notes"]), out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["params_in_sync"] is True

@@ -154,9 +154,9 @@ class Runtime:
 
     def _fail_together(self) -> None:
         """After an exception: count this rank as failed in the job's store, and where this
-        process hosts that store (rank 0 under `--launcher spawn` or `env`; torchrun's
-        agent hosts its own), wait, at most `FAIL_TOGETHER_S`, for the other ranks to fail
-        too before leaving.
+        process hosts that store (rank 0 under `--launcher env` or a script's own launch;
+        torchrun's agent and `--launcher spawn`'s launcher host theirs), wait, at most
+        `FAIL_TOGETHER_S`, for the other ranks to fail too before leaving.
 
         Why: a task that cannot be built fails on every rank, but not at the same moment.
         When rank 0 left first, its store went with it while rank 1 was still connecting

@@ -223,6 +223,7 @@ def _spawn_entry(local_rank: int, spec_data: dict[str, Any], nproc: int) -> None
         envvars.WORLD_SIZE: str(launch["nnodes"] * nproc), envvars.LOCAL_RANK: str(local_rank),
         envvars.LOCAL_WORLD_SIZE: str(nproc), envvars.MASTER_ADDR: launch["master_addr"],
         envvars.MASTER_PORT: str(launch["master_port"]),
+        envvars.USE_AGENT_STORE: "True",   # the launcher's store (`_launcher_store`)
     }
     for name, value in contract.items():
         envvars.set_env(name, value)
@@ -245,22 +246,55 @@ class SpawnLauncher:
 
         method = worker_start_method()
         first = spec.launch.node_rank * nproc
-        ctx = mp.start_processes(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc,
-                                 join=False, start_method=method)
-        with _forwarding_signals([p.pid for p in ctx.processes]) as got, _removing(ctx.error_files):
-            try:
-                _join_within_grace(ctx, got, spec.launch.stop_grace_s)
-            except mp.ProcessRaisedException as exc:
-                if got:
-                    return _stopped(got[0])
-                failure = RankFailure(str(exc), exitcode=1, pid=exc.error_pid)
-                return LaunchResult.failed({first + exc.error_index: failure}, log_text=str(exc))
-            except mp.ProcessExitedException as exc:
-                if got:
-                    return _stopped(got[0])
-                failure = RankFailure(str(exc), exitcode=exc.exit_code, pid=exc.error_pid)
-                return LaunchResult.failed({first + exc.error_index: failure}, log_text=str(exc))
+        with _launcher_store(plan):
+            ctx = mp.start_processes(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc,
+                                     join=False, start_method=method)
+            with _forwarding_signals([p.pid for p in ctx.processes]) as got, \
+                    _removing(ctx.error_files):
+                try:
+                    _join_within_grace(ctx, got, spec.launch.stop_grace_s)
+                except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+                    if got:
+                        return _stopped(got[0])
+                    code = getattr(exc, "exit_code", 1)
+                    failure = RankFailure(str(exc), exitcode=code, pid=exc.error_pid)
+                    return LaunchResult.failed({first + exc.error_index: failure},
+                                               log_text=str(exc))
         return _stopped(got[0]) if got else LaunchResult()
+
+
+@contextlib.contextmanager
+def _launcher_store(plan: LaunchPlan) -> Iterator[None]:
+    """The job's TCPStore, hosted by this process while its `--launcher spawn` workers run
+    (on node 0; the workers are all its clients, `TORCHELASTIC_USE_AGENT_STORE=True`), as
+    torchrun's agent hosts its own.
+
+    Why: bound here before any worker starts, the port is the job's or a PortTaken that
+    is picked again, never shared. With rank 0 binding it a second or two after the port
+    was checked, another job started meanwhile on the same port had its store joined by
+    this job's other ranks and watchdog (seen: two jobs started together on 29500, one
+    job's rank 1 talking to the other's store). And the store outlives every rank, so a
+    rank that fails first no longer takes it from its peers (`Runtime._fail_together`).
+    """
+    launch = plan.spec.launch
+    if launch.node_rank != 0:
+        yield
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    DistError = getattr(dist, "DistError", RuntimeError)
+    try:
+        store = dist.TCPStore(launch.master_addr, launch.master_port, is_master=True,
+                              wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=launch.timeout_s))
+    except (DistError, RuntimeError) as exc:
+        raise _start_error(plan, exc) from None
+    try:
+        yield
+    finally:
+        del store   # the server closes with its last reference
 
 
 PEER_EXIT_GRACE_S = 10.0
