@@ -25,6 +25,11 @@ settings.load_profile("ci")
 # some 140 runs); the tests of the plot itself turn it back on (`WITH_LOSS_PNG`).
 os.environ["DISTTRAIN_NO_LOSS_PNG"] = "1"
 WITH_LOSS_PNG = {"DISTTRAIN_NO_LOSS_PNG": ""}
+# Every job blocks for its all-reduce (envvars.COMM_WAIT): `auto` polls when its probe finds a
+# core free, and under pytest-xdist the next test's job then shares that core with a spinning
+# rank (20 of 105 jobs of one suite run chose to poll). Polling has its own job in
+# tests/launch/test_launchers.py (`shas`), whose parameters equal the blocking launchers'.
+os.environ["DISTTRAIN_COMM_WAIT"] = "block"
 # set by torch itself on first use of dynamo/inductor, not by the code under test
 IGNORED_ENV = {"PYTEST_CURRENT_TEST", "OMP_NUM_THREADS", "DISTTRAIN_T0", "TORCHINDUCTOR_CACHE_DIR"}
 DISTTRAIN = [sys.executable, "-m", "disttrain.cli.main"]

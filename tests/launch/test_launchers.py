@@ -78,10 +78,14 @@ def _pair(cmds: list[list[str]], envs: list[dict[str, str]], cwd: Path) -> list[
 def shas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     cwd = tmp_path_factory.mktemp("launchers")
     out: dict[str, str] = {}
-    res = run_cli("run", *JOB, "--master-port", "0", "--run-dir", "torchrun", cwd=cwd)
+    # the one job of the suite that polls for its all-reduce (tests/conftest.py blocks)
+    res = run_cli("run", *JOB, "--master-port", "0", "--run-dir", "torchrun", cwd=cwd,
+                  env={"DISTTRAIN_COMM_WAIT": "poll"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert "lr warm-up: linear" in res.stdout and "lr 0.001 -> 0.002 (linear)" in res.stdout
     out["torchrun"] = _sha(cwd / "torchrun", preloaded=True)
+    comm_wait = json.loads((cwd / "torchrun" / "summary.json").read_text())["comm_wait"]
+    assert comm_wait == "poll: DISTTRAIN_COMM_WAIT=poll", comm_wait
 
     res = run_cli("run", *JOB, "--launcher", "spawn", "--master-port", "0", "--run-dir", "spawn",
                   cwd=cwd)
