@@ -16,7 +16,7 @@ import pytest
 from disttrain.distributed.process import threads_per_rank
 from disttrain.errors import FailureKind, LaunchError, PortTaken
 from disttrain.launch import launchers, plan
-from disttrain.launch.plan import LaunchPlan, launch_config, make_plan, worker_env
+from disttrain.launch.plan import LaunchPlan, launch_config, make_plan, start_error, worker_env
 from disttrain.launch.ports import free_port, listening, port_free
 from disttrain.launch.result import LaunchResult, RankFailure
 from disttrain.resilience.watchdog import Stall
@@ -162,8 +162,8 @@ def test_every_launcher_choice_has_a_launcher():
 
 def test_start_errors_name_the_port_or_the_rendezvous():
     p = LaunchPlan(_spec(master_port=29611), 2)
-    assert isinstance(launchers._start_error(p, RuntimeError("EADDRINUSE")), PortTaken)
-    err = launchers._start_error(LaunchPlan(_spec(nnodes=2, rdzv_endpoint="head:9"), 2),
+    assert isinstance(start_error(p, RuntimeError("EADDRINUSE")), PortTaken)
+    err = start_error(LaunchPlan(_spec(nnodes=2, rdzv_endpoint="head:9"), 2),
                                  RuntimeError("timed out\nmore"))
     assert not isinstance(err, PortTaken)
     assert str(err).startswith("cannot rendezvous at head:9 (RuntimeError: timed out); check")

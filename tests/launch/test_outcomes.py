@@ -17,7 +17,7 @@ from disttrain.cli.run_cmd import _report_failure, _say_alone
 from disttrain.errors import EXIT_STOPPED, OUTCOMES, Failure, FailureKind, HostLost, RankStalled
 from disttrain.k8s import local
 from disttrain.k8s.local import LocalPod, LocalResult
-from disttrain.launch.launchers import _add_stalls, _stopped
+from disttrain.launch.launchers import _add_stalls
 from disttrain.launch.result import LaunchResult, RankFailure
 from disttrain.resilience.preemption import stop_failure, write_stop_record
 from disttrain.resilience.watchdog import Watchdog
@@ -30,7 +30,7 @@ def test_a_clean_stop_is_stopped_and_exits_75_with_its_line_alone(tmp_path, caps
     stop = stop_failure(tmp_path, signal.SIGTERM, script=False, resume_cmd=RESUME)
     assert stop is not None and stop.kind == FailureKind.STOPPED
     # the launcher's own status (143) is not what a clean stop exits with
-    assert _say_alone(stop, _stopped(signal.SIGTERM).exit_code) == EXIT_STOPPED
+    assert _say_alone(stop, LaunchResult.stopped(signal.SIGTERM).exit_code) == EXIT_STOPPED
     err = capsys.readouterr().err
     assert err.startswith("stopped by SIGTERM at step 40, epoch 2; checkpoint at ")
     assert err.rstrip().endswith(f"resume with: {RESUME}") and "error:" not in err
@@ -40,7 +40,7 @@ def test_a_clean_stop_is_stopped_and_exits_75_with_its_line_alone(tmp_path, caps
 def test_a_stop_without_a_checkpoint_is_interrupted_and_exits_128_plus_signum(tmp_path, script, capsys):
     stop = stop_failure(tmp_path, signal.SIGINT, script=script, resume_cmd=RESUME)
     assert stop is not None and stop.kind == FailureKind.INTERRUPTED
-    assert _say_alone(stop, _stopped(signal.SIGINT).exit_code) == 128 + signal.SIGINT
+    assert _say_alone(stop, LaunchResult.stopped(signal.SIGINT).exit_code) == 128 + signal.SIGINT
     assert capsys.readouterr().err.startswith("stopped by SIGINT")
 
 
@@ -49,7 +49,7 @@ def test_a_signal_after_the_last_step_is_said_and_exits_0(tmp_path, capsys):
     (tmp_path / "summary.json").write_text('{"stopped": false}')
     stop = stop_failure(tmp_path, signal.SIGTERM, script=False, resume_cmd=RESUME, since=since)
     assert stop is not None and stop.kind == FailureKind.STOPPED_AFTER_END
-    assert _say_alone(stop, _stopped(signal.SIGTERM).exit_code) == 0
+    assert _say_alone(stop, LaunchResult.stopped(signal.SIGTERM).exit_code) == 0
     assert "the run had finished" in capsys.readouterr().err
 
 

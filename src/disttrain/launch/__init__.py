@@ -1,6 +1,7 @@
 """START the ranks on this machine: the pure torchrun argv (`argv`), the launch plan (`plan`:
 port, worker env, the one LaunchConfig builder), the launchers (`launchers`: torchrun |
-spawn | env behind one protocol) and their one result type (`result`: typed failures),
+spawn | env behind one protocol, with mp.spawn's in `spawn` and the signal handling they
+share in `signals`) and their one result type (`result`: typed failures),
 what of torch's agent's log they keep off the output (`agent_logs`), the warm fork
 server (`forkserver`, with `forkserver_preload`: what it imports, and a built-in task's
 data), whether a script starts its own workers (`own_workers`), and two stdlib leaves:

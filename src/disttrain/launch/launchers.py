@@ -32,7 +32,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,9 +41,11 @@ from disttrain import envvars
 from disttrain.errors import Failure, FailureKind, LaunchError, PortTaken
 from disttrain.launch.agent_logs import AGENT_LOG, agent_report_to, quiet_agent_stop, quiet_reported_failures
 from disttrain.launch.forkserver import worker_start_method
-from disttrain.launch.plan import LaunchPlan, make_plan
+from disttrain.launch.plan import LaunchPlan, make_plan, start_error
 from disttrain.launch.ports import free_port
 from disttrain.launch.result import LaunchResult, RankFailure, typed_failures
+from disttrain.launch.signals import signals_restored
+from disttrain.launch.spawn import SpawnLauncher
 from disttrain.rundir import clear_failures, read_failures
 from disttrain.spec.job import JobSpec
 
@@ -94,7 +95,7 @@ class ElasticLauncher:
         from torch.distributed.launcher.api import elastic_launch
 
         try:
-            with _agent_scratch(self.logs_dir) as scratch, _signals_restored(), \
+            with _agent_scratch(self.logs_dir) as scratch, signals_restored(), \
                     quiet_agent_stop(), agent_report_to(self.agent_log) as kept:
                 config = plan.config(self.start_method, self.logs_dir, scratch)
                 values = elastic_launch(config, self.entry)(*self.args)
@@ -110,9 +111,9 @@ class ElasticLauncher:
             # The agent got SIGTERM / SIGINT, sent it to every worker and waited up to
             # launch.stop_grace_s for them (docs/resilience.md, "Graceful stop"); not a
             # failure, and never restarted under --max-restarts.
-            return _stopped(int(exc.sigval))
+            return LaunchResult.stopped(int(exc.sigval))
         except KeyboardInterrupt:  # Ctrl-C before the agent took the signals over
-            return _stopped(int(signal.SIGINT))
+            return LaunchResult.stopped(int(signal.SIGINT))
         return LaunchResult(values=dict(values or {}))
 
 
@@ -128,28 +129,6 @@ def _agent_scratch(logs_dir: Path | None) -> Iterator[Path | None]:
 
     with tempfile.TemporaryDirectory(prefix="disttrain-agent-") as scratch:
         yield Path(scratch)
-
-
-def _stopped(signum: int) -> LaunchResult:
-    """The result of a launch stopped by `signum`: exit status 128 + signum unless the
-    caller finds the ranks' record of a clean stop (`disttrain.resilience.preemption`)."""
-    return LaunchResult(exit_code=128 + signum, signal=signum)
-
-
-@contextlib.contextmanager
-def _signals_restored() -> Iterator[None]:
-    """Put back this process's SIGTERM / SIGINT / SIGHUP / SIGQUIT handlers after the
-    launch: torch's agent installs its own (they raise SignalException) and leaves them."""
-    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-    saved = {}
-    if threading.current_thread() is threading.main_thread():
-        saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
 
 
 class TorchrunLauncher:
@@ -183,22 +162,7 @@ class TorchrunLauncher:
         try:
             return inner.launch(plan)
         except (DistError, RendezvousError) as exc:  # the workers never started
-            raise _start_error(plan, exc) from None
-
-
-def _start_error(plan: LaunchPlan, exc: Exception) -> LaunchError:
-    """Why the agent could not start the ranks: the port (PortTaken, picked again when
-    nobody asked for it) or the rendezvous, naming the flags to check."""
-    launch, text = plan.spec.launch, str(exc).lower()
-    if launch.nnodes == 1 and ("address already in use" in text or "eaddrinuse" in text):
-        return PortTaken(f"master port {launch.master_port} is already in use (Address "
-                         f"already in use); pass another --master-port (0 picks a free one)")
-    endpoint = launch.rdzv_endpoint if launch.nnodes > 1 and launch.rdzv_endpoint \
-        else f"{launch.master_addr}:{launch.master_port}"
-    return LaunchError(
-        f"cannot rendezvous at {endpoint} ({type(exc).__name__}: "
-        f"{str(exc).splitlines()[0][:200]}); check --master-addr/--master-port (or "
-        f"--rdzv-endpoint), that node 0 is up, and --timeout-s")
+            raise start_error(plan, exc) from None
 
 
 def _collect_logs(logs_dir: Path | None, exc: Any) -> str:
@@ -212,144 +176,6 @@ def _collect_logs(logs_dir: Path | None, exc: Any) -> str:
                           path.read_text(errors="replace").splitlines()]
     parts.append(exc.format_msg() if hasattr(exc, "format_msg") else str(exc))
     return "\n".join(parts)
-
-
-# -- mp.spawn ----------------------------------------------------------------------------
-def _spawn_entry(local_rank: int, spec_data: dict[str, Any], nproc: int) -> None:
-    """mp.spawn target: set the environment contract for this rank, then run it."""
-    launch = spec_data["launch"]
-    contract = {
-        envvars.RANK: str(launch["node_rank"] * nproc + local_rank),
-        envvars.WORLD_SIZE: str(launch["nnodes"] * nproc), envvars.LOCAL_RANK: str(local_rank),
-        envvars.LOCAL_WORLD_SIZE: str(nproc), envvars.MASTER_ADDR: launch["master_addr"],
-        envvars.MASTER_PORT: str(launch["master_port"]),
-        envvars.USE_AGENT_STORE: "True",   # the launcher's store (`_launcher_store`)
-    }
-    for name, value in contract.items():
-        envvars.set_env(name, value)
-    from disttrain.worker import run_worker
-
-    run_worker(spec_data)
-
-
-class SpawnLauncher:
-    """`--launcher spawn`: torch.multiprocessing's start_processes, which mp.spawn is, with
-    the workers forked from the warm fork server where there is one (the start method is
-    the only difference: no torch import per worker)."""
-
-    def launch(self, plan: LaunchPlan) -> LaunchResult:
-        spec, nproc = plan.spec, plan.nproc
-        if spec.script:
-            raise LaunchError("--launcher spawn runs the built-in job; run a script with torchrun "
-                              "(the default) or call mp.spawn inside it")
-        import torch.multiprocessing as mp
-
-        method = worker_start_method()
-        first = spec.launch.node_rank * nproc
-        with _launcher_store(plan):
-            ctx = mp.start_processes(_spawn_entry, args=(spec.model_dump(), nproc), nprocs=nproc,
-                                     join=False, start_method=method)
-            with _forwarding_signals([p.pid for p in ctx.processes]) as got, \
-                    _removing(ctx.error_files):
-                try:
-                    _join_within_grace(ctx, got, spec.launch.stop_grace_s)
-                except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-                    if got:
-                        return _stopped(got[0])
-                    code = getattr(exc, "exit_code", 1)
-                    failure = RankFailure(str(exc), exitcode=code, pid=exc.error_pid)
-                    return LaunchResult.failed({first + exc.error_index: failure},
-                                               log_text=str(exc))
-        return _stopped(got[0]) if got else LaunchResult()
-
-
-@contextlib.contextmanager
-def _launcher_store(plan: LaunchPlan) -> Iterator[None]:
-    """The job's TCPStore, hosted by this process while its `--launcher spawn` workers run
-    (on node 0; the workers are all its clients, `TORCHELASTIC_USE_AGENT_STORE=True`), as
-    torchrun's agent hosts its own.
-
-    Why: bound here before any worker starts, the port is the job's or a PortTaken that
-    is picked again, never shared. With rank 0 binding it a second or two after the port
-    was checked, another job started meanwhile on the same port had its store joined by
-    this job's other ranks and watchdog (seen: two jobs started together on 29500, one
-    job's rank 1 talking to the other's store). And the store outlives every rank, so a
-    rank that fails first no longer takes it from its peers (`Runtime._fail_together`).
-    """
-    launch = plan.spec.launch
-    if launch.node_rank != 0:
-        yield
-        return
-    import datetime
-
-    import torch.distributed as dist
-
-    DistError = getattr(dist, "DistError", RuntimeError)
-    try:
-        store = dist.TCPStore(launch.master_addr, launch.master_port, is_master=True,
-                              wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=launch.timeout_s))
-    except (DistError, RuntimeError) as exc:
-        raise _start_error(plan, exc) from None
-    try:
-        yield
-    finally:
-        del store   # the server closes with its last reference
-
-
-PEER_EXIT_GRACE_S = 10.0
-"""After one `--launcher spawn` worker failed, how long the others have to end on their own
-before torch's join sends them SIGTERM (then as long again before SIGKILL). A peer that
-raised the same error a moment later writes its own typed failure record, and one inside a
-collective sees the closed connection; without it, join's immediate SIGTERM left such a
-rank without a record (a clean-clone CI run under load: only rank 1's of two)."""
-
-
-def _join_within_grace(ctx: Any, got: list[int], grace_s: float) -> None:
-    """Wait for mp.start_processes' workers; once a stop signal was forwarded to them,
-    at most `grace_s` more before SIGKILL, as torch's agent does for torchrun."""
-    import time
-
-    deadline: float | None = None
-    while not ctx.join(timeout=0.1, grace_period=PEER_EXIT_GRACE_S):
-        if got and deadline is None:
-            deadline = time.monotonic() + grace_s
-        if deadline is not None and time.monotonic() > deadline:
-            for proc in ctx.processes:
-                if proc.is_alive():
-                    proc.kill()
-
-
-@contextlib.contextmanager
-def _removing(error_files: list[str]) -> Iterator[None]:
-    """Remove the /tmp/pytorch-errorfile-*.pickle of the workers that failed once their
-    join is over: torch's join reads the first and leaves them all behind."""
-    try:
-        yield
-    finally:
-        for name in error_files:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-
-
-@contextlib.contextmanager
-def _forwarding_signals(pids: list[int]) -> Iterator[list[int]]:
-    """While the block runs, SIGTERM / SIGINT to this process go to the `pids` (the
-    `--launcher spawn` workers, which have no elastic agent to forward them); the signals
-    received are yielded. Main thread only (elsewhere: nothing is installed)."""
-    got: list[int] = []
-
-    def forward(signum: int, frame: Any) -> None:
-        got.append(signum)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-
-    with _signals_restored():
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, forward)
-        yield got
 
 
 # -- one rank from the environment -----------------------------------------------------------

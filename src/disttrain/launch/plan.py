@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from disttrain import envvars
 from disttrain.distributed.process import threads_per_rank
-from disttrain.errors import LaunchError, TorchVersionError
+from disttrain.errors import LaunchError, PortTaken, TorchVersionError
 from disttrain.launch.argv import DEFAULT_RDZV_TIMEOUT_S, resolve_nproc
 from disttrain.launch.ports import free_port, port_free
 from disttrain.spec.job import JobSpec, LaunchSpec
@@ -201,3 +201,18 @@ def make_plan(spec: JobSpec, *, pick_port: bool = True) -> LaunchPlan:
         return LaunchPlan(spec, nproc)
     port, note = choose_port(spec)
     return LaunchPlan(with_port(spec, port), nproc, [note] if note else [])
+
+
+def start_error(plan: LaunchPlan, exc: Exception) -> LaunchError:
+    """Why a launcher could not start the ranks of `plan`: the port (PortTaken, picked again when
+    nobody asked for it) or the rendezvous, naming the flags to check."""
+    launch, text = plan.spec.launch, str(exc).lower()
+    if launch.nnodes == 1 and ("address already in use" in text or "eaddrinuse" in text):
+        return PortTaken(f"master port {launch.master_port} is already in use (Address "
+                         f"already in use); pass another --master-port (0 picks a free one)")
+    endpoint = launch.rdzv_endpoint if launch.nnodes > 1 and launch.rdzv_endpoint \
+        else f"{launch.master_addr}:{launch.master_port}"
+    return LaunchError(
+        f"cannot rendezvous at {endpoint} ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0][:200]}); check --master-addr/--master-port (or "
+        f"--rdzv-endpoint), that node 0 is up, and --timeout-s")

@@ -99,6 +99,12 @@ class LaunchResult:
         """A job that ended with `failures`."""
         return cls(exit_code=exit_code, failures=failures, log_text=log_text)
 
+    @classmethod
+    def stopped(cls, signum: int) -> LaunchResult:
+        """A launch stopped by `signum`: exit status 128 + signum unless the caller finds
+        the ranks' record of a clean stop (`disttrain.resilience.preemption`)."""
+        return cls(exit_code=128 + signum, signal=signum)
+
 
 def typed_failures(failures: dict[int, RankFailure], records: list[Failure]) -> dict[int, RankFailure]:
     """`failures` with the records their ranks wrote (`rundir.read_failures`): matched by
