@@ -4,6 +4,8 @@ never turned into a mute exit status 1."""
 
 from __future__ import annotations
 
+import atexit
+
 import pytest
 
 import disttrain.cli.main as cli_main
@@ -16,6 +18,16 @@ class _Exited(Exception):
 
 def _exit_now(code: int) -> None:
     raise _Exited(code)
+
+
+@pytest.fixture(autouse=True)
+def exit_funcs(monkeypatch) -> list[bool]:
+    """entry() runs the atexit handlers; here they are counted, never run: in the pytest
+    worker they include weakref.finalize's, which tore down torch's prims operator library
+    and broke every later memory plan in that worker (the 10 failures of a local run)."""
+    ran: list[bool] = []
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append(True))
+    return ran
 
 
 @pytest.mark.parametrize(("raised", "code"), [(RuntimeError("boom in a module"), 1),
@@ -37,9 +49,10 @@ def test_an_unexpected_exception_is_shown_with_its_traceback(monkeypatch, capsys
         assert "Traceback" not in err
 
 
-def test_a_normal_exit_keeps_its_code(monkeypatch, capsys):
+def test_a_normal_exit_keeps_its_code_after_the_exit_handlers(monkeypatch, capsys, exit_funcs):
     monkeypatch.setattr(cli_main, "main", lambda: 2)
     monkeypatch.setattr(watchdog, "exit_now", _exit_now)
     with pytest.raises(_Exited) as exited:
         cli_main.entry()
     assert exited.value.args == (2,) and capsys.readouterr().err == ""
+    assert exit_funcs == [True]
