@@ -22,11 +22,13 @@ def _exit_now(code: int) -> None:
 
 @pytest.fixture(autouse=True)
 def exit_funcs(monkeypatch) -> list[bool]:
-    """entry() runs the atexit handlers; here they are counted, never run: in the pytest
-    worker they include weakref.finalize's, which tore down torch's prims operator library
-    and broke every later memory plan in that worker (the 10 failures of a local run)."""
+    """entry() ends the process (`exit_now`, raised here instead) after the atexit
+    handlers, which are counted, never run: in the pytest worker they include
+    weakref.finalize's, which tore down torch's prims operator library and broke every
+    later memory plan in that worker (the 10 failures of a local run)."""
     ran: list[bool] = []
     monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append(True))
+    monkeypatch.setattr(watchdog, "exit_now", _exit_now)
     return ran
 
 
@@ -37,7 +39,6 @@ def test_an_unexpected_exception_is_shown_with_its_traceback(monkeypatch, capsys
         raise raised
 
     monkeypatch.setattr(cli_main, "main", main)
-    monkeypatch.setattr(watchdog, "exit_now", _exit_now)
     with pytest.raises(_Exited) as exited:
         cli_main.entry()
     assert exited.value.args == (code,)
@@ -51,7 +52,6 @@ def test_an_unexpected_exception_is_shown_with_its_traceback(monkeypatch, capsys
 
 def test_a_normal_exit_keeps_its_code_after_the_exit_handlers(monkeypatch, capsys, exit_funcs):
     monkeypatch.setattr(cli_main, "main", lambda: 2)
-    monkeypatch.setattr(watchdog, "exit_now", _exit_now)
     with pytest.raises(_Exited) as exited:
         cli_main.entry()
     assert exited.value.args == (2,) and capsys.readouterr().err == ""

@@ -25,7 +25,8 @@ print(json.dumps({"made": made, "before": before, "after": os.getsid(0), "pid": 
 
 def _in_child(flag: Path, calls: int = 1) -> dict:
     done = subprocess.run([sys.executable, "-c", _CHILD, str(flag), str(calls)],
-                          capture_output=True, text=True, timeout=60, check=True)
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
 

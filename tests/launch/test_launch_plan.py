@@ -164,7 +164,7 @@ def test_start_errors_name_the_port_or_the_rendezvous():
     p = LaunchPlan(_spec(master_port=29611), 2)
     assert isinstance(start_error(p, RuntimeError("EADDRINUSE")), PortTaken)
     err = start_error(LaunchPlan(_spec(nnodes=2, rdzv_endpoint="head:9"), 2),
-                                 RuntimeError("timed out\nmore"))
+                      RuntimeError("timed out\nmore"))
     assert not isinstance(err, PortTaken)
     assert str(err).startswith("cannot rendezvous at head:9 (RuntimeError: timed out); check")
 

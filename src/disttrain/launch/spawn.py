@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,12 +92,11 @@ def _launcher_store(plan: LaunchPlan) -> Iterator[None]:
 
     import torch.distributed as dist
 
-    DistError = getattr(dist, "DistError", RuntimeError)
     try:
         store = dist.TCPStore(launch.master_addr, launch.master_port, is_master=True,
                               wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=launch.timeout_s))
-    except (DistError, RuntimeError) as exc:
+    except RuntimeError as exc:   # torch's DistError is one
         raise start_error(plan, exc) from None
     try:
         yield
@@ -115,8 +115,6 @@ rank without a record (a clean-clone CI run under load: only rank 1's of two).""
 def _join_within_grace(ctx: Any, got: list[int], grace_s: float) -> None:
     """Wait for mp.start_processes' workers; once a stop signal was forwarded to them,
     at most `grace_s` more before SIGKILL, as torch's agent does for torchrun."""
-    import time
-
     deadline: float | None = None
     while not ctx.join(timeout=0.1, grace_period=PEER_EXIT_GRACE_S):
         if got and deadline is None:
