@@ -67,9 +67,9 @@ def _script_defaults(spec: Any) -> None:
 
 
 def _prewarm(spec: Any) -> None:
-    """Start the workers' warm fork server now, before this process imports torch, and
-    let it load a built-in task's data once for all local workers
-    (`disttrain.launch.forkserver_preload`)."""
+    """Start the workers' warm fork server now, as a fork of this process right after its
+    torch import (`disttrain.launch.forkserver`, share_torch), and let it load a built-in
+    task's data once for all local workers (`disttrain.launch.forkserver_preload`)."""
     if spec.launch.launcher != "torchrun" or spec.script:
         return
     import os
@@ -87,7 +87,7 @@ def _prewarm(spec: Any) -> None:
     # disttrain's own tasks: the server must never touch CUDA (its forks could not use a GPU
     # then), which disttrain's modules keep to and a user's module need not.
     own = spec.task.startswith("disttrain.")
-    prewarm_workers({"ref": spec.task, "args": spec.task_args} if own else None)
+    prewarm_workers({"ref": spec.task, "args": spec.task_args} if own else None, share_torch=True)
 
 
 def _stop_prewarmed() -> None:

@@ -43,7 +43,7 @@ def verify(spec_file: str | None, as_json: bool, steps: int | None, fault: str |
     if overrides.get("launcher", "torchrun") == "torchrun" and not spec_file:
         from disttrain.launch.forkserver import prewarm_workers
 
-        prewarm_workers()  # the workers' torch import overlaps ours
+        prewarm_workers(share_torch=True)  # the workers' server shares our torch import
     spec = load_spec(spec_file, overrides)
     if spec.launch.launcher != "torchrun":
         fail(f"launch.launcher: verify starts its ranks with torchrun's API; "

@@ -10,12 +10,26 @@ its preload, so it imports torch (and the built-in job's modules) on one core wh
 launcher imports torch on another; workers started with start method "forkserver" are
 then forks of that warm process and start at once. What the preload does, and why, is in
 that module's docstring; it is a module of its own because importing it runs it.
+
+`disttrain run` asks for the server with `share_torch=True`: it imports torch itself
+first, and the server is then a fork of it (`_server_forked_here`) instead of a new
+interpreter that imports torch a second time. That is ~2 s of CPU less per job (and per
+pod), which a pod with a CPU limit, or any busy machine, pays in wall time
+(docs/performance.md, "Start-up"). It is done only in a process that had not imported
+torch before and runs no other thread, so nothing of torch has run yet (no OpenMP team)
+and no lock can be held at the fork: the state the exec'd server is in after its own
+`import torch`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from disttrain import envvars
@@ -23,7 +37,7 @@ from disttrain import envvars
 PRELOAD_MODULE = "disttrain.launch.forkserver_preload"
 
 
-def prewarm_workers(task: dict[str, Any] | None = None) -> bool:
+def prewarm_workers(task: dict[str, Any] | None = None, *, share_torch: bool = False) -> bool:
     """Start the warm fork server for built-in-job workers (see `disttrain.launch.forkserver_preload`).
 
     Call before importing torch in the launcher, so both imports overlap. Returns False
@@ -33,6 +47,10 @@ def prewarm_workers(task: dict[str, Any] | None = None) -> bool:
         task: the job's task, `{"ref": ..., "args": task_args}`, whose warm hook
             (`disttrain.train.task.warm_task`) the server runs to load its data once for all
             its forks; only the call that starts the server passes it on.
+        share_torch: import torch here and start the server as a fork of this process,
+            so that both share that one import; ignored (a new interpreter, as
+            multiprocessing starts it) where torch is imported already or another thread
+            runs (`_may_fork_server`).
     """
     import multiprocessing
     import multiprocessing.forkserver as forkserver
@@ -42,8 +60,12 @@ def prewarm_workers(task: dict[str, Any] | None = None) -> bool:
     multiprocessing.set_forkserver_preload([PRELOAD_MODULE])
     if task is not None:  # the server inherits this environment when it starts
         envvars.set_env(envvars.WARM_TASK, json.dumps(task))
+    fork_here = share_torch and _may_fork_server()
+    if fork_here:
+        import torch  # noqa: F401  (the import the server shares)
     try:
-        forkserver.ensure_running()
+        with _server_forked_here() if fork_here else contextlib.nullcontext():
+            forkserver.ensure_running()
     except OSError as exc:
         # Its socket lives in multiprocessing's temp folder under TMPDIR: a TMPDIR over ~80
         # characters makes "AF_UNIX path too long" (Python < 3.13 does not fall back to /tmp).
@@ -89,3 +111,83 @@ def stop_prewarmed() -> None:
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(OSError):
         server._stop()   # reaps it, closes the pipe, removes its socket file
+
+
+def _may_fork_server() -> bool:
+    """Whether this process may become the server's parent by fork: torch not imported
+    yet (so none of it has run, and no OpenMP team exists to be broken in the child) and
+    no thread but this one (none can hold a lock the child would inherit held)."""
+    return (hasattr(os, "fork") and "torch" not in sys.modules
+            and threading.active_count() == 1)
+
+
+@contextlib.contextmanager
+def _server_forked_here() -> Iterator[None]:
+    """While multiprocessing's `ForkServer.ensure_running` runs, start the server by
+    forking this process instead of executing a new interpreter.
+
+    `ensure_running` makes the server's listening socket and liveness pipe, then hands
+    `util.spawnv_passfds(exe, args, fds)` a `-c` program that calls
+    `multiprocessing.forkserver.main(...)`; here the child of a fork runs that same
+    program, keeping only `fds` and stdin/stdout/stderr as the new interpreter would.
+    Everything else (the socket, the pipe, the pid it records, how it is stopped) stays
+    multiprocessing's own. The resource tracker it also starts is left to `spawnv_passfds`.
+    """
+    from multiprocessing import util
+
+    exec_server = util.spawnv_passfds
+
+    def fork_server(path: str, args: Sequence[str], passfds: Sequence[int]) -> int:
+        program = args[-1]
+        if "multiprocessing.forkserver import main" not in program:
+            return exec_server(path, args, passfds)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with warnings.catch_warnings():
+            # 3.12+: "process is multi-threaded": the one other thread is numpy's OpenBLAS
+            # pool, which re-creates itself in a child (pthread_atfork), as it does in every
+            # worker the server forks
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid:
+            return pid
+        _run_server(program, passfds)   # never returns
+        return 0
+
+    util.spawnv_passfds = fork_server
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = exec_server
+
+
+def _run_server(program: str, passfds: Sequence[int]) -> None:
+    """The forked server: only its own fds open, a lock of its own, then
+    multiprocessing's server loop (`program`); it ends with os._exit, as the preload's
+    last act does (`disttrain.launch.forkserver_preload`)."""
+    import multiprocessing.forkserver as forkserver
+
+    code = 0
+    try:
+        keep = {0, 1, 2, *passfds}
+        for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        # held by the parent's ensure_running at the fork: a worker that starts a fork
+        # server of its own (a forkserver DataLoader) would wait on it forever
+        forkserver._forkserver._lock = threading.Lock()
+        exec(compile(program, "<forkserver>", "exec"), {"__name__": "__forkserver__"})
+    except SystemExit as exc:   # the loop's end: its parent closed the liveness pipe
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
