@@ -58,9 +58,14 @@ def test_the_server_is_a_fork_of_the_launcher_and_its_workers_start_warm() -> No
     assert got["server_gone"] is True
 
 
-def test_a_launcher_that_imported_torch_before_gets_a_new_interpreter() -> None:
+@pytest.mark.parametrize("before", [
     # torch has (or may have) run here already: a fork could inherit its OpenMP team
-    got = _scenario(before="import torch; torch.ones(1000).sum()")
+    "import torch; torch.ones(1000).sum()",
+    # another thread runs: it could hold a lock that the fork would copy held
+    "import threading, time; threading.Thread(target=time.sleep, args=(30,), daemon=True).start()",
+], ids=["torch-imported", "a-thread-runs"])
+def test_a_launcher_that_may_not_fork_gets_a_new_interpreter(before: str) -> None:
+    got = _scenario(before=before)
     assert got["started"] is True
     assert got["exec"] is True
     assert got["warm"] == {"torch": True, "torch._dynamo": True}

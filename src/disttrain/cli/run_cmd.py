@@ -40,7 +40,7 @@ def run(script: str | None, script_args: tuple[str, ...], spec_file: str | None,
     try:
         _check_inputs(spec)
     except click.exceptions.Exit:
-        _stop_prewarmed()   # refused: the warm server would import torch for nothing
+        _stop_prewarmed()   # refused: the warm server would import torch._dynamo for nothing
         raise
     if spec.script:
         _script_defaults(spec)
