@@ -15,7 +15,7 @@ that module's docstring; it is a module of its own because importing it runs it.
 first, and the server is then a fork of it (`_server_forked_here`) instead of a new
 interpreter that imports torch a second time. That is ~2 s of CPU less per job (and per
 pod), which a pod with a CPU limit, or any busy machine, pays in wall time
-(docs/performance.md, "Start-up"). It is done only in a process that had not imported
+(docs/performance.md, "On by default"). It is done only in a process that had not imported
 torch before and runs no other thread, so nothing of torch has run yet (no OpenMP team)
 and no lock can be held at the fork: the state the exec'd server is in after its own
 `import torch`.
@@ -40,8 +40,8 @@ PRELOAD_MODULE = "disttrain.launch.forkserver_preload"
 def prewarm_workers(task: dict[str, Any] | None = None, *, share_torch: bool = False) -> bool:
     """Start the warm fork server for built-in-job workers (see `disttrain.launch.forkserver_preload`).
 
-    Call before importing torch in the launcher, so both imports overlap. Returns False
-    where fork servers do not exist (non-POSIX).
+    Call early in the launcher: without `share_torch`, before it imports torch, so both
+    imports overlap. Returns False where fork servers do not exist (non-POSIX).
 
     Args:
         task: the job's task, `{"ref": ..., "args": task_args}`, whose warm hook
@@ -117,8 +117,7 @@ def _may_fork_server() -> bool:
     """Whether this process may become the server's parent by fork: torch not imported
     yet (so none of it has run, and no OpenMP team exists to be broken in the child) and
     no thread but this one (none can hold a lock the child would inherit held)."""
-    return (hasattr(os, "fork") and "torch" not in sys.modules
-            and threading.active_count() == 1)
+    return "torch" not in sys.modules and threading.active_count() == 1
 
 
 @contextlib.contextmanager
@@ -168,13 +167,13 @@ def _run_server(program: str, passfds: Sequence[int]) -> None:
     last act does (`disttrain.launch.forkserver_preload`)."""
     import multiprocessing.forkserver as forkserver
 
+    from disttrain.resilience.watchdog import exit_now
+
     code = 0
     try:
-        keep = {0, 1, 2, *passfds}
-        for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
-            if fd not in keep:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        keep = sorted({0, 1, 2, *passfds})   # every other fd closed, as close_fds does
+        for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")]):
+            os.closerange(low + 1, high)
         # held by the parent's ensure_running at the fork: a worker that starts a fork
         # server of its own (a forkserver DataLoader) would wait on it forever
         forkserver._forkserver._lock = threading.Lock()
@@ -187,7 +186,4 @@ def _run_server(program: str, passfds: Sequence[int]) -> None:
         traceback.print_exc()
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        exit_now(code)
