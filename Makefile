@@ -2,16 +2,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# pip compiles every .py of every package to .pyc one file after another (72 of the 144 s of
-# the test install into a new venv here); BYTECODE does it on every core after the install
-# (41 s). The .pyc must exist: where PYTHONDONTWRITEBYTECODE is set (it is on this machine),
-# nothing writes them at import, and every process would compile torch's modules again
-# (a clean-clone suite took 1009 s of pytest without them, 842 s with). Files for a newer
-# Python (torch ships a py312_ test helper) are skipped, as pip's compile skips them.
+# The .pyc are written by the interpreter on first import, into this venv and src/: pip's
+# compile step would write them for all ~16,000 files, one after another (72 of the 144 s of
+# the test install here), of which ~4,100 are ever imported. They must be written: where
+# PYTHONDONTWRITEBYTECODE is set (it is on this machine) nothing writes them, and every
+# process compiles torch's modules again (a clean-clone suite took 1009 s of pytest without
+# them, 842 s with), so make's commands run with it cleared.
+export PYTHONDONTWRITEBYTECODE =
 PIP    := $(PY) -m pip install --disable-pip-version-check -q --no-compile -c constraints.txt
-PURELIB = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-BYTECODE = $(PY) -m compileall -q -j 0 -x '/py3(1[2-9])_' $(PURELIB) src > $(VENV)/compileall.log 2>&1 \
-	|| echo "note: some files did not compile to .pyc (see $(VENV)/compileall.log); they compile at import"
 # make test: pytest-xdist workers, one test file at a time each (module fixtures stay one
 # run per file), the longest files first (tests/conftest.py LONGEST_FIRST)
 PYTEST_WORKERS ?= 2
@@ -21,7 +19,6 @@ PYTEST_WORKERS ?= 2
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -e .
-	$(BYTECODE)
 	touch $@
 
 # hf: transformers, so that tests/train/test_hf_task.py (a model from another library as a
@@ -35,7 +32,6 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 $(VENV)/.installed-test: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -e '.[test,hf,peft,tensorboard]'
-	$(BYTECODE)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from disttrain.errors import SpecError, StrategyError
-from disttrain.plan.mesh_fit import check_mesh_fits, degrees_before_launch
+from disttrain.plan.mesh_fit import builds_model, check_mesh_fits, degrees_before_launch
 from disttrain.spec.job import JobSpec
 from tests.conftest import run_cli
 
@@ -111,3 +111,15 @@ def test_the_model_checks_pass_what_fits_and_skip_what_they_cannot_know() -> Non
         check_mesh_fits(auto, nproc=3)                # k8s: the pod's GPUs fix it
     with pytest.raises(SpecError, match="multiply to 2 but the world size is 3"):
         check_mesh_fits(_spec(tp=2, pp=1, dp_shard=1, nproc_per_node="auto"), nproc=3)
+
+
+def test_builds_model_says_when_the_check_builds_the_model() -> None:
+    """`disttrain run` imports what the model check needs before it forks its warm server
+    (`cli/run_cmd._prewarm`): only for a job whose check builds the model, and never for
+    degrees refused before that."""
+    assert builds_model(_spec(tp=2, nproc_per_node=2)) is True
+    assert builds_model(_spec(pp=3, nproc_per_node=3)) is True
+    assert builds_model(_spec()) is False                             # plain data parallel
+    assert builds_model(_spec(dp_shard=2, nproc_per_node=2)) is False  # tp = pp = 1
+    assert builds_model(_spec(tp=-1, nproc_per_node="auto"), nproc=2) is True
+    assert builds_model(_spec(tp=4, dp_shard=1, nproc_per_node="auto"), nproc=2) is False  # refused

@@ -133,18 +133,22 @@ def _leftovers(tag: str = "dt") -> list[str]:
 @netns
 @pytest.mark.netns
 @pytest.mark.timeout(600)
-def test_run_local_trains_the_default_job_on_two_emulated_hosts(cli: Any, workdir: Path) -> None:
-    run_dir = workdir / "run"
-    result = cli("k8s", "run-local", "--kind", "job", "--nnodes", "2", "--nproc-per-node", "1",
-                 "--backend", "gloo", "--epochs", "8", "--run-dir", str(run_dir),
-                 "--timeout", "540")
-    assert result.code == 0, result.out[-3000:] + result.err[-3000:]
-    assert "[disttrain-0]" in result.out and "[disttrain-1]" in result.out
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2
-    assert summary["test_accuracy"] >= 0.95
-    assert summary["params_in_sync"] is True
-    assert _leftovers(f"dt{os.getpid()}") == []
+def test_run_local_trains_the_default_job_on_two_emulated_hosts(two_host_reference: Path) -> None:
+    """The session's undisturbed 2-host run (tests/conftest.py TWO_HOST_JOB, one rank per
+    emulated host, one epoch of digits), which the fault tests of
+    tests/resilience/test_hosts.py compare with: both pods trained one model together, ended
+    in sync, removed their namespaces (checked where it is made), and learned: 0.89 test
+    accuracy after its one epoch here, chance being 0.10 (the local default job's 0.95 after
+    10 epochs is tests/cli/test_run_cli.py's)."""
+    out = (two_host_reference.parent / "run-local.out").read_text()
+    assert "[disttrain-0]" in out and "[disttrain-1]" in out
+    assert "run-local: all 2 pods succeeded" in out
+    summary = json.loads((two_host_reference / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["params_in_sync"] is True
+    assert summary["test_accuracy"] >= 0.85, summary["test_accuracy"]
+    ranks = json.loads((two_host_reference / "ranks.json").read_text())
+    assert {(r["rank"], r["host"]) for r in ranks["ranks"]} == {(0, "disttrain-0"),
+                                                                (1, "disttrain-1")}
 
 
 @netns

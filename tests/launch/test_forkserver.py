@@ -23,14 +23,14 @@ SCENARIO = textwrap.dedent("""
     from disttrain.launch.forkserver import prewarm_workers, stop_prewarmed
 
     kept_r, kept_w = os.pipe()          # a pipe this process has open: the server must not
-    started = prewarm_workers(share_torch=True)
+    started = prewarm_workers(share_torch=True, share_imports=("xml.dom.minidom",))
     pid = forkserver._forkserver._forkserver_pid
     with open(f"/proc/{{pid}}/cmdline", "rb") as f, open("/proc/self/cmdline", "rb") as g:
         same_cmdline = f.read() == g.read()   # a fork; a new interpreter has its own -c
     ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(1) as pool:         # a worker forked from the server: warm, and it runs
         warm = pool.apply(eval, ("{{m: m in __import__('sys').modules "
-                                 "for m in ('torch', 'torch._dynamo')}}",))
+                                 "for m in ('torch', 'torch._dynamo', 'xml.dom.minidom')}}",))
     # read after the server forked a worker: it closes what it was not given before that
     server_fds = {{os.readlink(f"/proc/{{pid}}/fd/{{fd}}") for fd in os.listdir(f"/proc/{{pid}}/fd")}}
     ours = os.readlink(f"/proc/self/fd/{{kept_w}}")
@@ -53,7 +53,8 @@ def test_the_server_is_a_fork_of_the_launcher_and_its_workers_start_warm() -> No
     got = _scenario()
     assert got["started"] is True
     assert got["exec"] is False, "the server was a new interpreter, not a fork"
-    assert got["warm"] == {"torch": True, "torch._dynamo": True}
+    # what the launcher imported for itself before the fork is there too (share_imports)
+    assert got["warm"] == {"torch": True, "torch._dynamo": True, "xml.dom.minidom": True}
     assert got["holds_our_pipe"] is False, "the forked server kept an fd it was not given"
     assert got["server_gone"] is True
 
@@ -68,5 +69,6 @@ def test_a_launcher_that_may_not_fork_gets_a_new_interpreter(before: str) -> Non
     got = _scenario(before=before)
     assert got["started"] is True
     assert got["exec"] is True
-    assert got["warm"] == {"torch": True, "torch._dynamo": True}
+    # a new interpreter imports only the preload: the launcher's own imports stay its own
+    assert got["warm"] == {"torch": True, "torch._dynamo": True, "xml.dom.minidom": False}
     assert got["holds_our_pipe"] is False and got["server_gone"] is True

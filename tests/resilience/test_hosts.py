@@ -19,29 +19,25 @@ import pytest
 
 from disttrain.errors import OUTCOMES, FailureKind
 from disttrain.k8s import netns as hostnet
-from tests.conftest import DISTTRAIN, run_cli
+from tests.conftest import DISTTRAIN, TWO_HOST_JOB, TWO_HOST_STEPS, TWO_HOST_TIMEOUT_S, run_cli
 from tests.fixtures.hosts import needs_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), needs_netns,
               pytest.mark.usefixtures("no_stray_workers")]
 
-TIMEOUT_S = 15
-# 1 epoch of digits on 2 ranks: 23 optimizer steps, checkpoints every 5
-JOB = ("--backend", "gloo", "--epochs", "1", "--checkpoint-every-steps", "5",
-       "--timeout-s", str(TIMEOUT_S))
+TIMEOUT_S = TWO_HOST_TIMEOUT_S
 
 
 class _Job:
-    """`disttrain k8s run-local` of the 2-pod Job, in the background."""
+    """`disttrain k8s run-local` of the 2-pod Job (tests/conftest.py TWO_HOST_JOB: 1 epoch of
+    digits, 23 optimizer steps, a checkpoint every 5), in the background."""
 
     def __init__(self, cwd: Path, *extra: str) -> None:
         self.run_dir = cwd / "run"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("DISTTRAIN_T0", None)
         self.proc = subprocess.Popen(
-            [*DISTTRAIN, "k8s", "run-local", "--kind", "job", "--nnodes", "2", "--nproc-per-node", "1",
-             *JOB, *extra,
-             "--run-dir", str(self.run_dir), "--timeout", "240"],
+            [*DISTTRAIN, *TWO_HOST_JOB, *extra, "--run-dir", str(self.run_dir), "--timeout", "240"],
             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.tag = f"dt{self.proc.pid}"
 
@@ -71,20 +67,13 @@ class _Job:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """params_sha256 of the same 2-host x 1-process job that nothing disturbed.
-
-    The same topology as the faulted jobs, not a local 2-process run: a rank alone on its
-    host takes all the cores as torch threads (`process.threads_per_rank`), and CPUs round a
-    matmul on 1 and on 2 threads differently on some machines (issue 21: 8190101d... against
-    a local run's c5233ddf... on a 2-core EPYC). One topology, one rounding."""
-    job = _Job(tmp_path_factory.mktemp("reference"))
-    out, err = job.finish()
-    assert job.proc.returncode == 0, (out + err)[-4000:]
-    summary = job.summary()
-    assert summary["steps"] == 23 and summary["params_in_sync"] is True
-    assert job.leftovers() == []
-    return summary["params_sha256"]
+def reference(two_host_reference: Path) -> str:
+    """params_sha256 of the same 2-host x 1-process job that nothing disturbed (the session's,
+    tests/conftest.py), not of a local 2-process run: a rank alone on its host takes all the
+    cores as torch threads (`process.threads_per_rank`), and CPUs round a matmul on 1 and on
+    2 threads differently on some machines (issue 21: 8190101d... against a local run's
+    c5233ddf... on a 2-core EPYC). One topology, one rounding."""
+    return json.loads((two_host_reference / "summary.json").read_text())["params_sha256"]
 
 
 def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
@@ -99,7 +88,7 @@ def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
     resumed = re.search(r"resumed from \S*ckpt-(\d+)\.pt", out)
     assert resumed and int(resumed.group(1)) >= 10, out[-3000:]
     summary = job.summary()
-    assert summary["steps"] == 23 and summary["params_in_sync"] is True
+    assert summary["steps"] == TWO_HOST_STEPS and summary["params_in_sync"] is True
     assert summary["params_sha256"] == reference, "not bitwise equal to the undisturbed run"
     ranks = json.loads((job.run_dir / "ranks.json").read_text())
     assert ranks["restart"] == 1 and {r["host"] for r in ranks["ranks"]} == {

@@ -77,17 +77,34 @@ def _prewarm(spec: Any) -> None:
     from disttrain.launch.argv import resolve_nproc
     from disttrain.launch.forkserver import prewarm_workers
     from disttrain.launch.plan import worker_env
+    from disttrain.plan.mesh_fit import MODEL_CHECK_IMPORTS
 
     # What the workers will inherit (OMP_NUM_THREADS), without asking torch how many GPUs
     # there are (gpus=0): that import is what the server overlaps.
-    for k, v in worker_env(spec, resolve_nproc(spec, gpus=0)).items():
+    nproc = resolve_nproc(spec, gpus=0)
+    for k, v in worker_env(spec, nproc).items():
         os.environ.setdefault(k, v)
 
     # A built-in task's warm hook loads its data once in the server (train/task.py). Only
     # disttrain's own tasks: the server must never touch CUDA (its forks could not use a GPU
     # then), which disttrain's modules keep to and a user's module need not.
     own = spec.task.startswith("disttrain.")
-    prewarm_workers({"ref": spec.task, "args": spec.task_args} if own else None, share_torch=True)
+    # a tp / pp job's model check (_check_inputs) imports torch._dynamo and DTensor here
+    # anyway: imported before the fork, the server and its workers share them
+    shared = MODEL_CHECK_IMPORTS if _builds_model(spec, nproc) else ()
+    prewarm_workers({"ref": spec.task, "args": spec.task_args} if own else None,
+                    share_torch=True, share_imports=shared)
+
+
+def _builds_model(spec: Any, nproc: int | None) -> bool:
+    """Whether _check_inputs will build the task's model; without importing torch."""
+    from disttrain.errors import DisttrainError
+    from disttrain.plan.mesh_fit import builds_model
+
+    try:
+        return builds_model(spec, nproc)
+    except DisttrainError:   # _check_inputs reports it
+        return False
 
 
 def _stop_prewarmed() -> None:

@@ -37,7 +37,8 @@ from disttrain import envvars
 PRELOAD_MODULE = "disttrain.launch.forkserver_preload"
 
 
-def prewarm_workers(task: dict[str, Any] | None = None, *, share_torch: bool = False) -> bool:
+def prewarm_workers(task: dict[str, Any] | None = None, *, share_torch: bool = False,
+                    share_imports: Sequence[str] = ()) -> bool:
     """Start the warm fork server for built-in-job workers (see `disttrain.launch.forkserver_preload`).
 
     Call early in the launcher: without `share_torch`, before it imports torch, so both
@@ -62,7 +63,12 @@ def prewarm_workers(task: dict[str, Any] | None = None, *, share_torch: bool = F
         envvars.set_env(envvars.WARM_TASK, json.dumps(task))
     fork_here = share_torch and _may_fork_server()
     if fork_here:
+        import importlib
+
         import torch  # noqa: F401  (the import the server shares)
+
+        for module in share_imports:
+            importlib.import_module(module)
     try:
         with _server_forked_here() if fork_here else contextlib.nullcontext():
             forkserver.ensure_running()

@@ -1,6 +1,7 @@
 """Does the task's model fit the parallelism degrees? Checked before any process starts.
 
     check_mesh_fits(spec)          # SpecError / StrategyError, one line each
+    builds_model(spec)             # whether it will build the model (tp or pp above 1)
 
 The degree product against the world size is the spec's own check (`resolve_degrees`,
 when `JobSpec` is validated); what needs the model is checked here, on the meta device (no
@@ -17,10 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from disttrain.errors import StrategyError
+from disttrain.errors import DisttrainError, StrategyError
 from disttrain.spec.parallelism import Degrees, ParallelismSpec, check_supported, resolve_degrees
 
-__all__ = ["check_mesh_fits", "degrees_before_launch"]
+__all__ = ["MODEL_CHECK_IMPORTS", "builds_model", "check_mesh_fits", "degrees_before_launch"]
+
+# What building the meta model and checking it imports beyond torch: the meta model's
+# initialisers run torch._refs under `_disable_dynamo`, which imports torch._dynamo. The
+# ranks of such a job import the same, so `disttrain run` has its warm server share them
+# (`disttrain.launch.forkserver.prewarm_workers`, share_imports).
+MODEL_CHECK_IMPORTS = ("torch._dynamo", "disttrain.distributed.pipeline",
+                       "disttrain.distributed.tensor_parallel")
 
 
 def degrees_before_launch(spec: Any) -> Degrees | None:
@@ -46,7 +54,7 @@ def check_mesh_fits(spec: Any, nproc: int | None = None) -> None:
         StrategyError: tp does not divide the heads, no tp plan fits, pp exceeds the blocks.
         TaskError: the task cannot be built.
     """
-    if spec.script or not spec.task or spec.parallelism == ParallelismSpec():
+    if not _may_build(spec):
         return
     tp, pp = _wanted(spec, nproc)
     if tp == 1 and pp == 1:
@@ -75,6 +83,22 @@ def check_mesh_fits(spec: Any, nproc: int | None = None) -> None:
             raise StrategyError(f"parallelism.pp_schedule: {schedule} cuts the model into "
                                 f"{per_rank} stages per rank, {pp * per_rank} for --pp {pp}, "
                                 f"but it has {blocks} blocks; use --pp-schedule 1f1b{fix}") from None
+
+
+def builds_model(spec: Any, nproc: int | None = None) -> bool:
+    """Whether `check_mesh_fits(spec, nproc)` builds the task's model: tp or pp above 1.
+    False for degrees it refuses before that (its own call says why)."""
+    if not _may_build(spec):
+        return False
+    try:
+        tp, pp = _wanted(spec, nproc)
+    except DisttrainError:
+        return False
+    return tp > 1 or pp > 1
+
+
+def _may_build(spec: Any) -> bool:
+    return bool(spec.task) and not spec.script and spec.parallelism != ParallelismSpec()
 
 
 def _wanted(spec: Any, nproc: int | None) -> tuple[int, int]:
