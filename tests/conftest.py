@@ -35,10 +35,10 @@ IGNORED_ENV = {"PYTEST_CURRENT_TEST", "OMP_NUM_THREADS", "DISTTRAIN_T0", "TORCHI
 DISTTRAIN = [sys.executable, "-m", "disttrain.cli.main"]
 
 
-# `make test` runs the suite on two pytest-xdist workers, a file at a time (`--dist loadfile
-# --no-loadscope-reorder`): these files take the longest (the measured order, longest
-# first), so they start first and the two workers end together instead of one waiting on
-# the other's last long file. A file missing here only runs later; nothing else depends on it.
+# `make test` runs the suite on pytest-xdist workers (one more than the cores), a file at a
+# time (`--dist loadfile --no-loadscope-reorder`): these files take the longest (the measured
+# order, longest first), so they start first and the workers end together instead of one
+# waiting on another's last long file. A file missing here only runs later; nothing else depends on it.
 LONGEST_FIRST = (
     "tests/distributed/test_parallel_trainer.py",   # makes the session's one-process run
     "tests/resilience/test_hosts.py",

@@ -64,13 +64,15 @@ def _start(base: Path, name: str, flags: tuple[str, ...]) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, chargpt_one_process: Path) -> dict[str, Path]:
+def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Path]:
     """Every run of RUNS, started together, and the session's one-process run ("one");
-    {name: run dir}."""
+    {name: run dir}. The session's run is asked for once these have started: another
+    pytest-xdist worker may be making it, and this file's runs need not wait for it."""
     base = tmp_path_factory.mktemp("composed")
     procs = {name: _start(base, name, flags) for name, flags in RUNS.items()}
     outs: dict[str, str] = {}
     try:
+        one = request.getfixturevalue("chargpt_one_process")
         for name, proc in procs.items():
             outs[name] = proc.communicate(timeout=600)[0]
     finally:
@@ -84,7 +86,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, chargpt_one_process: Path) ->
         killed = outs[name]
         assert "disttrain fault injection" in killed, f"{name}: the fault never fired"
         assert "resumed from" in killed and "ckpt-00000010" in killed, killed[-4000:]
-    return {"one": chargpt_one_process,
+    return {"one": one,
             **{name: base / name.replace(" ", "-").replace("+", "-") for name in RUNS}}
 
 
