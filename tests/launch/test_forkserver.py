@@ -25,8 +25,6 @@ SCENARIO = textwrap.dedent("""
     kept_r, kept_w = os.pipe()          # a pipe this process has open: the server must not
     started = prewarm_workers(share_torch=True, share_imports=("xml.dom.minidom",))
     pid = forkserver._forkserver._forkserver_pid
-    with open(f"/proc/{{pid}}/cmdline", "rb") as f, open("/proc/self/cmdline", "rb") as g:
-        same_cmdline = f.read() == g.read()   # a fork; a new interpreter has its own -c
     ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(1) as pool:         # a worker forked from the server: warm, and it runs
         warm = pool.apply(eval, ("{{m: m in __import__('sys').modules "
@@ -34,9 +32,12 @@ SCENARIO = textwrap.dedent("""
     # read after the server forked a worker: it closes what it was not given before that
     server_fds = {{os.readlink(f"/proc/{{pid}}/fd/{{fd}}") for fd in os.listdir(f"/proc/{{pid}}/fd")}}
     ours = os.readlink(f"/proc/self/fd/{{kept_w}}")
+    with open(f"/proc/{{pid}}/cmdline", "rb") as f:   # it titles itself before serving
+        cmdline = f.read().replace(b"\\0", b" ").decode().strip()
     stop_prewarmed()
     print(json.dumps({{"started": started,
-                      "exec": not same_cmdline,
+                      "exec": "from multiprocessing.forkserver import main" in cmdline,
+                      "title": cmdline, "launcher": os.getpid(),
                       "holds_our_pipe": ours in server_fds, "warm": warm,
                       "server_gone": not os.path.exists(f"/proc/{{pid}}")}}))
 """)
@@ -53,6 +54,8 @@ def test_the_server_is_a_fork_of_the_launcher_and_its_workers_start_warm() -> No
     got = _scenario()
     assert got["started"] is True
     assert got["exec"] is False, "the server was a new interpreter, not a fork"
+    # titled as what it is, not with the launcher's command line that the fork copied
+    assert got["title"] == f"disttrain forkserver of {got['launcher']}"
     # what the launcher imported for itself before the fork is there too (share_imports)
     assert got["warm"] == {"torch": True, "torch._dynamo": True, "xml.dom.minidom": True}
     assert got["holds_our_pipe"] is False, "the forked server kept an fd it was not given"

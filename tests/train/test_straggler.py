@@ -48,6 +48,12 @@ def test_a_rank_slow_in_wall_time_but_not_in_cpu_time_is_named_for_cpu_share():
     for value in (0.0, None):
         ranks[0]["compute_cpu_ms"] = value
         assert find_straggler(ranks)["cause"] == "compute"  # type: ignore[index]
+    # a busy machine: every rank gets ~40 % of a core (compute 2.6x its CPU time), rank 1
+    # has 4.4x the work; most of its extra time is waiting, but no more than the others'
+    # per ms of CPU: more work, named for compute (a 3-worker test suite on 2 cores)
+    busy = [_rank(0, comm=30.0, compute=10.0, compute_cpu_ms=3.8),
+            _rank(1, compute=43.0, compute_cpu_ms=16.8)]
+    assert find_straggler(busy)["cause"] == "compute"  # type: ignore[index]
     # under tp / pp a rank's compute holds its waits for its partners: compute, never cpu share
     tp = [_rank(r, compute=25.0 if r == 1 else 10.0, comm=16.0 if r != 1 else 1.0,
                 compute_cpu_ms=10.0, mesh={"tp": [r, 2]}) for r in (0, 1)]

@@ -173,10 +173,12 @@ def _run_server(program: str, passfds: Sequence[int]) -> None:
     last act does (`disttrain.launch.forkserver_preload`)."""
     import multiprocessing.forkserver as forkserver
 
+    from disttrain.resilience.proctitle import set_server_title
     from disttrain.resilience.watchdog import exit_now
 
     code = 0
     try:
+        set_server_title(os.getppid())   # not the launcher's command line, copied by the fork
         keep = sorted({0, 1, 2, *passfds})   # every other fd closed, as close_fds does
         for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")]):
             os.closerange(low + 1, high)
