@@ -21,7 +21,7 @@ from disttrain.errors import (
     RankStalled,
 )
 from disttrain.launch.agent_logs import quiet_reported_failures
-from disttrain.launch.result import LaunchResult, RankFailure, typed_failures
+from disttrain.launch.result import LaunchResult, RankFailure, peer_failures, typed_failures
 from disttrain.rundir import FAILURES, clear_failures, read_failures, write_failure
 from disttrain.train.task import TaskError
 
@@ -107,3 +107,35 @@ def test_a_stall_is_said_with_the_watchdogs_line_and_exits_1(capsys):
     assert _report_failure(result) == 1
     err = capsys.readouterr().err
     assert f"error: {line}" in err and "failed rank(s): 1" in err
+
+
+def _crash_and_task() -> tuple[RankFailure, Failure]:
+    """Rank 1 raised TaskError and left; rank 0's collective broke then (a crash of its
+    own), and torch's agent saw rank 0 fail first and stopped rank 1 (issue 21, under load)."""
+    crash = Failure(FailureKind.CRASH, "Gloo connectFullMesh failed: Connection closed by peer",
+                    0, "RuntimeError", 10)
+    task = Failure(FailureKind.TASK, "task 'mytask:not_a_task' returned dict, not a "
+                                     "disttrain.TrainTask", 1, "TaskError", 11)
+    return RankFailure("RuntimeError: ...", exitcode=1, pid=10).with_record(crash), task
+
+
+def test_a_peers_own_failure_is_the_cause_and_a_broken_collective_its_consequence(capsys):
+    listed, task = _crash_and_task()
+    peers = peer_failures({0: listed}, [listed.record, task])
+    assert list(peers) == [1] and peers[1].kind is FailureKind.TASK and peers[1].record == task
+    result = LaunchResult.failed({0: listed, **peers}, log_text="")
+    assert _report_failure(result) == 2                 # the task's exit status, not the crash's 1
+    err = capsys.readouterr().err
+    assert err.count("returned dict, not a disttrain.TrainTask") == 1
+    assert "the job failed" not in err and "connectFullMesh" not in err
+    # a rank torchrun stopped (-15) after recording its own failure counts as well
+    stopped = RankFailure("stopped", exitcode=-15, pid=11).with_record(task)
+    assert _report_failure(LaunchResult.failed({0: listed, 1: stopped}, log_text="")) == 2
+
+
+def test_peer_records_that_are_crashes_or_already_listed_add_nothing():
+    listed, task = _crash_and_task()
+    other_crash = Failure(FailureKind.CRASH, "Connection reset by peer", 1, "RuntimeError", 11)
+    assert peer_failures({0: listed}, [listed.record, other_crash]) == {}
+    assert peer_failures({0: listed, 1: RankFailure("x", exitcode=1, pid=11)}, [task]) == {}
+    assert peer_failures({0: listed}, [Failure(FailureKind.TASK, "m", None, "TaskError", 12)]) == {}

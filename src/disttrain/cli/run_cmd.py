@@ -310,14 +310,17 @@ def _resume_command() -> str:
 
 def _report_failure(result: Any) -> int:
     """Say why the job failed and return the exit status, by the kind of the first rank that
-    really failed (typed where it was detected: `errors.OUTCOMES` is the one table). A kind
-    whose message says it all (the user's task: exit 2; a checkpoint not written: exit 1)
-    is said once, from that rank's record; any other gets the failed ranks and the
-    diagnosis of the logs (a stall's line leads it)."""
+    really failed (typed where it was detected: `errors.OUTCOMES` is the one table); a
+    rank's own kind (a task error, a stall, a lost host...) before another's crash, which
+    is what a rank whose collective broke when that one left records. A kind whose message
+    says it all (the user's task: exit 2; a checkpoint not written: exit 1) is said once,
+    from that rank's record; any other gets the failed ranks and the diagnosis of the logs
+    (a stall's line leads it)."""
     from disttrain.errors import OUTCOMES, FailureKind
 
-    first = next((result.failures[r] for r in sorted(result.failures)
-                  if not _stopped(result.failures[r])), None)
+    failed = [f for _, f in sorted(result.failures.items())   # stopped by torchrun after its
+              if not _stopped(f) or f.kind is not FailureKind.CRASH]   # own failure: counts
+    first = next((f for f in failed if f.kind is not FailureKind.CRASH), failed[0] if failed else None)
     outcome = OUTCOMES[first.kind if first is not None else FailureKind.CRASH]
     if first is not None and first.record is not None and outcome.alone:
         return _say_alone(first.record, result.exit_code)

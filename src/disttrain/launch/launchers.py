@@ -43,7 +43,7 @@ from disttrain.launch.agent_logs import AGENT_LOG, agent_report_to, quiet_agent_
 from disttrain.launch.forkserver import worker_start_method
 from disttrain.launch.plan import LaunchPlan, make_plan, start_error
 from disttrain.launch.ports import free_port
-from disttrain.launch.result import LaunchResult, RankFailure, typed_failures
+from disttrain.launch.result import LaunchResult, RankFailure, peer_failures, typed_failures
 from disttrain.launch.signals import signals_restored
 from disttrain.launch.spawn import SpawnLauncher
 from disttrain.rundir import clear_failures, read_failures
@@ -270,7 +270,10 @@ def launch(spec: JobSpec, plan: LaunchPlan | None = None) -> LaunchResult:
                                        f"using free port {port}")
     result.notes[:0] = plan.notes[said:]
     if own_records and result.failures:   # what each failed rank recorded: its failure's kind
-        result.failures = typed_failures(result.failures, read_failures(spec.run_dir))
+        records = read_failures(spec.run_dir)
+        result.failures = typed_failures(result.failures, records)
+        if spec.launch.max_restarts == 0:   # one round: every record is this round's
+            result.failures.update(peer_failures(result.failures, records))
     if wd is not None:
         _add_stalls(result, wd.stalls)
     return result

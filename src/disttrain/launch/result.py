@@ -118,3 +118,19 @@ def typed_failures(failures: dict[int, RankFailure], records: list[Failure]) -> 
         typed[rank] = failure.with_record(record) if record is not None and failure.record is None \
             else failure
     return typed
+
+
+def peer_failures(failures: dict[int, RankFailure], records: list[Failure]) -> dict[int, RankFailure]:
+    """Ranks that recorded a failure of a kind of their own (a task error, a checkpoint not
+    written...) but that torch's agent does not list as failed: it saw another rank fail
+    first (one whose collective broke when this one left) and stopped this one, maybe
+    while it was exiting. Their records are the cause; the listed rank's crash is its
+    consequence (issue 21: `mytask:not_a_task` reported as rank 0's "Connection closed by
+    peer", exit 1, under load). Only for a job of one round (no restarts): a record of an
+    earlier round would otherwise be taken for this one's."""
+    found: dict[int, RankFailure] = {}
+    for record in records:
+        if record.rank is None or record.rank in failures or record.kind is FailureKind.CRASH:
+            continue
+        found[record.rank] = RankFailure(record.message, pid=record.pid).with_record(record)
+    return found
