@@ -47,7 +47,11 @@ WRAPPER_NAME = "disttrain-pod"  # $0 of the script: what `ps` shows for PID 1
 STARTED = "/tmp/.disttrain-pod-started"  # touched at start: a stop record newer than it is this pod's
 # POSIX sh (dash, busybox, bash): the trap is set before the child starts, and a signal
 # that came before `pid` was known is forwarded right after; `wait` returns early (above
-# 128) when a trapped signal arrives, so it is repeated until the child has really exited.
+# 128) when a trapped signal arrives, so it is repeated until the child has really exited;
+# when the child exited while the trap ran, `kill -0` already fails and one more `wait`
+# collects its own status, which the interrupted one did not (a worker that finished at
+# the SIGTERM with 0 was reported stopped, 75; seen under load). bash answers that last
+# `wait` with 127 once the status was collected, dash and busybox with the status again.
 # Stopped means: this pod was signalled, or (a pod whose ranks stopped because another
 # pod's were signalled: they agree on the step together) the built-in job's rank 0 wrote
 # its stop record (envvars.STOP_RECORD: RUN_DIR/stop.json) while this pod ran.
@@ -59,6 +63,7 @@ STOP_SCRIPT = (
     "[ -z \"$stop\" ] || kill -TERM \"$pid\" 2>/dev/null\n"
     "wait \"$pid\"; rc=$?\n"
     "while kill -0 \"$pid\" 2>/dev/null; do wait \"$pid\"; rc=$?; done\n"
+    "wait \"$pid\" 2>/dev/null; last=$?; [ \"$last\" -eq 127 ] || rc=$last\n"
     "[ \"$rc\" -ne 0 ] || exit 0\n"
     f"[ -z \"$stop\" ] || exit {EXIT_STOPPED}\n"
     f"[ -z \"${envvars.STOP_RECORD}\" ] || [ ! \"${envvars.STOP_RECORD}\" -nt {STARTED} ] || "
