@@ -182,33 +182,65 @@ TWO_HOST_JOB = ("k8s", "run-local", "--kind", "job", "--nnodes", "2", "--nproc-p
 TWO_HOST_STEPS = 23
 
 
+class TwoHostJob:
+    """`disttrain k8s run-local` of TWO_HOST_JOB (plus `extra` flags), in the background."""
+
+    def __init__(self, cwd: Path, *extra: str) -> None:
+        import subprocess
+
+        self.run_dir = cwd / "run"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("DISTTRAIN_T0", None)
+        self.proc = subprocess.Popen(
+            [*DISTTRAIN, *TWO_HOST_JOB, *extra, "--run-dir", str(self.run_dir), "--timeout", "240"],
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.tag = f"dt{self.proc.pid}"
+
+    def wait_for_checkpoint(self, step: int) -> None:
+        import time
+
+        ckpt = self.run_dir / "checkpoints" / f"ckpt-{step:08d}.pt"
+        deadline = time.monotonic() + 180
+        while not ckpt.exists():
+            assert self.proc.poll() is None, self.finish()[1][-3000:]
+            assert time.monotonic() < deadline, f"no {ckpt.name} within 180 s"
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 200) -> tuple[str, str]:
+        try:
+            return self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.terminate()  # run-local removes its namespaces on SIGTERM
+                self.proc.communicate(timeout=60)
+
+    def summary(self) -> dict:
+        import json
+
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def leftovers(self) -> list[str]:
+        import subprocess
+
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                               check=False).stdout.split()
+        return [n for n in names if n.startswith(f"{self.tag}-")]
+
+
 @pytest.fixture(scope="session")
 def two_host_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run dir of TWO_HOST_JOB that nothing disturbed, made once per session; run-local's
     stdout is beside it (`run-local.out`). Read it, never change it."""
-    import json
-    import subprocess
 
     def make(cwd: Path) -> Path:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("DISTTRAIN_T0", None)
-        proc = subprocess.Popen([*DISTTRAIN, *TWO_HOST_JOB, "--run-dir", str(cwd / "run"),
-                                 "--timeout", "240"], cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            out, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.terminate()   # run-local removes its namespaces on SIGTERM
-                proc.communicate(timeout=60)
-        assert proc.returncode == 0, (out + err)[-4000:]
+        job = TwoHostJob(cwd)
+        out, err = job.finish(timeout=300)
+        assert job.proc.returncode == 0, (out + err)[-4000:]
         (cwd / "run-local.out").write_text(out)
-        summary = json.loads((cwd / "run" / "summary.json").read_text())
+        summary = job.summary()
         assert summary["steps"] == TWO_HOST_STEPS and summary["params_in_sync"] is True
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                               check=False).stdout.split()
-        assert [n for n in names if n.startswith(f"dt{proc.pid}-")] == [], "namespaces left"
-        return cwd / "run"
+        assert job.leftovers() == [], "namespaces left"
+        return job.run_dir
 
     return _made_once(tmp_path_factory, "two-host-reference", make)
 

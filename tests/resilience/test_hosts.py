@@ -9,9 +9,7 @@ its switch port down (`netns.set_link`). Needs root and `ip netns`; skipped othe
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,51 +17,13 @@ import pytest
 
 from disttrain.errors import OUTCOMES, FailureKind
 from disttrain.k8s import netns as hostnet
-from tests.conftest import DISTTRAIN, TWO_HOST_JOB, TWO_HOST_STEPS, TWO_HOST_TIMEOUT_S, run_cli
+from tests.conftest import TWO_HOST_STEPS, TWO_HOST_TIMEOUT_S, TwoHostJob, run_cli
 from tests.fixtures.hosts import needs_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), needs_netns,
               pytest.mark.usefixtures("no_stray_workers")]
 
 TIMEOUT_S = TWO_HOST_TIMEOUT_S
-
-
-class _Job:
-    """`disttrain k8s run-local` of the 2-pod Job (tests/conftest.py TWO_HOST_JOB: 1 epoch of
-    digits, 23 optimizer steps, a checkpoint every 5), in the background."""
-
-    def __init__(self, cwd: Path, *extra: str) -> None:
-        self.run_dir = cwd / "run"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("DISTTRAIN_T0", None)
-        self.proc = subprocess.Popen(
-            [*DISTTRAIN, *TWO_HOST_JOB, *extra, "--run-dir", str(self.run_dir), "--timeout", "240"],
-            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.tag = f"dt{self.proc.pid}"
-
-    def wait_for_checkpoint(self, step: int) -> None:
-        ckpt = self.run_dir / "checkpoints" / f"ckpt-{step:08d}.pt"
-        deadline = time.monotonic() + 180
-        while not ckpt.exists():
-            assert self.proc.poll() is None, self.finish()[1][-3000:]
-            assert time.monotonic() < deadline, f"no {ckpt.name} within 180 s"
-            time.sleep(0.1)
-
-    def finish(self, timeout: float = 200) -> tuple[str, str]:
-        try:
-            return self.proc.communicate(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.terminate()  # run-local removes its namespaces on SIGTERM
-                self.proc.communicate(timeout=60)
-
-    def summary(self) -> dict:
-        return json.loads((self.run_dir / "summary.json").read_text())
-
-    def leftovers(self) -> list[str]:
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                               check=False).stdout.split()
-        return [n for n in names if n.startswith(f"{self.tag}-")]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +38,7 @@ def reference(two_host_reference: Path) -> str:
 
 def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
                                                                  reference: str) -> None:
-    job = _Job(tmp_path, "--max-restarts", "1")
+    job = TwoHostJob(tmp_path, "--max-restarts", "1")
     job.wait_for_checkpoint(10)
     assert hostnet.lose_host(f"{job.tag}-1"), "no process in host 1's namespace"
     out, err = job.finish()
@@ -97,7 +57,7 @@ def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
 
 
 def test_a_lost_host_without_restarts_ends_the_job_naming_it(tmp_path: Path) -> None:
-    job = _Job(tmp_path)
+    job = TwoHostJob(tmp_path)
     job.wait_for_checkpoint(10)
     lost_at = time.monotonic()
     hostnet.lose_host(f"{job.tag}-1")
@@ -112,7 +72,7 @@ def test_a_lost_host_without_restarts_ends_the_job_naming_it(tmp_path: Path) -> 
 
 
 def test_a_partition_ends_the_job_naming_the_unreachable_host(tmp_path: Path) -> None:
-    job = _Job(tmp_path)
+    job = TwoHostJob(tmp_path)
     job.wait_for_checkpoint(10)
     down_at = time.monotonic()
     hostnet.set_link(job.tag, 1, up=False)  # and never up again
@@ -132,7 +92,7 @@ def test_a_partition_ends_the_job_naming_the_unreachable_host(tmp_path: Path) ->
 
 
 def test_a_two_second_blip_costs_nothing(tmp_path: Path, reference: str) -> None:
-    job = _Job(tmp_path)  # no restarts: any failure would fail the job
+    job = TwoHostJob(tmp_path)  # no restarts: any failure would fail the job
     job.wait_for_checkpoint(5)
     hostnet.set_link(job.tag, 1, up=False)
     time.sleep(2)

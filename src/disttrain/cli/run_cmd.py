@@ -77,7 +77,7 @@ def _prewarm(spec: Any) -> None:
     from disttrain.launch.argv import resolve_nproc
     from disttrain.launch.forkserver import prewarm_workers
     from disttrain.launch.plan import worker_env
-    from disttrain.plan.mesh_fit import MODEL_CHECK_IMPORTS
+    from disttrain.plan.mesh_fit import MODEL_CHECK_IMPORTS, builds_model
 
     # What the workers will inherit (OMP_NUM_THREADS), without asking torch how many GPUs
     # there are (gpus=0): that import is what the server overlaps.
@@ -91,20 +91,9 @@ def _prewarm(spec: Any) -> None:
     own = spec.task.startswith("disttrain.")
     # a tp / pp job's model check (_check_inputs) imports torch._dynamo and DTensor here
     # anyway: imported before the fork, the server and its workers share them
-    shared = MODEL_CHECK_IMPORTS if _builds_model(spec, nproc) else ()
+    shared = MODEL_CHECK_IMPORTS if builds_model(spec, nproc) else ()
     prewarm_workers({"ref": spec.task, "args": spec.task_args} if own else None,
                     share_torch=True, share_imports=shared)
-
-
-def _builds_model(spec: Any, nproc: int | None) -> bool:
-    """Whether _check_inputs will build the task's model; without importing torch."""
-    from disttrain.errors import DisttrainError
-    from disttrain.plan.mesh_fit import builds_model
-
-    try:
-        return builds_model(spec, nproc)
-    except DisttrainError:   # _check_inputs reports it
-        return False
 
 
 def _stop_prewarmed() -> None:
@@ -318,8 +307,9 @@ def _report_failure(result: Any) -> int:
     (a stall's line leads it)."""
     from disttrain.errors import OUTCOMES, FailureKind
 
-    failed = [f for _, f in sorted(result.failures.items())   # stopped by torchrun after its
-              if not _stopped(f) or f.kind is not FailureKind.CRASH]   # own failure: counts
+    # a rank torchrun stopped counts when it had recorded a failure of its own before
+    failed = [f for _, f in sorted(result.failures.items())
+              if not _stopped(f) or f.kind is not FailureKind.CRASH]
     first = next((f for f in failed if f.kind is not FailureKind.CRASH), failed[0] if failed else None)
     outcome = OUTCOMES[first.kind if first is not None else FailureKind.CRASH]
     if first is not None and first.record is not None and outcome.alone:

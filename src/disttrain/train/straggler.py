@@ -191,10 +191,10 @@ def _waited_for_cpu(entry: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
     if cpu <= 0 or not all(float(o.get(CPU_KEY) or 0.0) > 0 for o in others):
         return False
     wall = float(entry.get("compute_ms") or 0.0)
-    wall_excess = wall - median(float(o.get("compute_ms") or 0.0) for o in others)
-    cpu_excess = cpu - median(float(o[CPU_KEY]) for o in others)
-    stretch = median(float(o.get("compute_ms") or 0.0) / float(o[CPU_KEY]) for o in others)
-    return cpu_excess < _CPU_PART * wall_excess and wall / cpu >= _STRETCH * stretch
+    walls = [float(o.get("compute_ms") or 0.0) for o in others]
+    cpus = [float(o[CPU_KEY]) for o in others]
+    stretch = median(w / c for w, c in zip(walls, cpus))
+    return cpu - median(cpus) < _CPU_PART * (wall - median(walls)) and wall / cpu >= _STRETCH * stretch
 
 
 def _load(entry: dict[str, Any]) -> float:
