@@ -47,6 +47,51 @@ def test_entry_runs_a_script_as_python_does(tmp_path, body):
     assert "__main__ s.py ['--batch_size', '3', '--', 'x'] sub" in entry.stdout
 
 
+ENDS = """import atexit, ctypes, sys, threading, time
+libc = ctypes.CDLL(None)
+libc.__cxa_atexit(libc.abort, None, None)   # a C++ static destructor that aborts at exit
+atexit.register(print, "atexit ran")
+log = open("out.txt", "w")                   # never closed: the exit writes it
+log.write("kept")
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread ended"))).start()
+print("script ended")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_entry_ends_as_python_does_without_the_teardown_that_aborts(tmp_path, status):
+    """A finished rank's exit could abort in torch's teardown ("terminate called without an
+    active exception", SIGABRT: a script run of this suite) and fail its job. Here a C++
+    static destructor that aborts stands in for it: plain python ends with SIGABRT, the
+    entry with the script's status, having done what a normal exit does first (the thread
+    joined, the atexit handler run, the unclosed file written)."""
+    script = tmp_path / "s.py"
+    script.write_text(ENDS)
+    plain = subprocess.run([sys.executable, str(script), str(status)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == -6, plain   # the injected fault: the normal exit aborts
+    (tmp_path / "out.txt").unlink()
+    entry = subprocess.run([*ENTRY, str(script), str(status)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert entry.returncode == status, entry.stderr
+    assert entry.stdout.splitlines() == ["script ended", "thread ended", "atexit ran"]
+    assert entry.stdout == plain.stdout and entry.stderr == plain.stderr == ""
+    assert (tmp_path / "out.txt").read_text() == "kept"
+
+
+def test_entry_leaves_a_thread_that_never_ends_after_its_timeout(tmp_path):
+    """plain python would wait forever for a non-daemon thread; the entry waits --timeout-s,
+    says which thread it leaves, and ends with the script's status."""
+    script = tmp_path / "s.py"
+    script.write_text("import threading, time\n"
+                      "threading.Thread(target=time.sleep, args=(600,), name='poller').start()\n")
+    entry = subprocess.run([*ENTRY[:-1], "--timeout-s=1", str(script)], capture_output=True,
+                           text=True, timeout=60)
+    assert entry.returncode == 0
+    assert "warning: thread(s) poller still running 1 s after the script ended" in entry.stderr
+
+
 def test_entry_writes_whole_lines_even_under_python_u(tmp_path):
     """`disttrain run` starts scripts with `python -u`, which writes `print("a", 1)` in four
     pieces; torch's tee reads a growing file by `readline` and printed half lines with another

@@ -87,26 +87,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `disttrain` command (console script and `python -m disttrain.cli.main`): `main`,
-    then the end of a normal exit without the interpreter's teardown of every module:
-    after `import torch` that teardown alone costs 0.4-0.75 s of CPU (measured here:
-    `python -c "import torch"` 2.58 s, with `os._exit(0)` at the end 1.83 s), paid by
-    every command and by whoever waits on its output pipe. What a normal exit does that
-    matters still happens, in the same order: non-daemon threads are joined, atexit
-    handlers run (logging's flush, multiprocessing's and tempfile's clean-ups), then
-    `resilience.watchdog.exit_now` flushes stdio and ends the process."""
-    import atexit
+    then `resilience.process_end.end_process`: what a normal exit does that matters
+    (non-daemon threads joined, atexit handlers), without the interpreter's teardown of
+    every module, which after `import torch` alone costs 0.4-0.75 s of CPU, paid by every
+    command and by whoever waits on its output pipe."""
     import sys
-    import threading
 
-    from disttrain.resilience.watchdog import exit_now
+    from disttrain.resilience.process_end import end_process
 
     code = 1
     try:
         code = main()
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
     except KeyboardInterrupt:
         code = 130
     except BaseException:   # a bug in disttrain: say so, with where it is (never exit 1 mutely)
@@ -115,8 +106,7 @@ def entry() -> None:
         traceback.print_exc()
         print("error: disttrain failed unexpectedly (the traceback above); please report it",
               file=sys.stderr, flush=True)
-    finally:
-        exit_now(code)
+    end_process(code)
 
 
 def _mark_start() -> None:

@@ -100,7 +100,8 @@ CAUSES: dict[str, tuple[str, str]] = {
         "after init_process_group (every optimizer imports it), and gloo's threads still "
         "run while C++ static objects are destroyed. End a finished worker with "
         "`os._exit(code)` after flushing its files and streams, as multiprocessing ends its "
-        "workers (`python -m disttrain.worker` does). Otherwise take the native stack "
+        "workers (`python -m disttrain.worker` and the script ranks of `disttrain run "
+        "script.py` do: docs/resilience.md, \"How a process ends\"). Otherwise take the native stack "
         "(`gdb -p PID`, or a core dump with `ulimit -c unlimited`) and report it with the "
         "torch version."),
     "duplicate_gpu": (

@@ -190,6 +190,8 @@ class EnvLauncher:
     def launch(self, plan: LaunchPlan) -> LaunchResult:
         import traceback
 
+        from disttrain.resilience.process_end import exit_status, flush_open_files
+
         spec = plan.spec
         rank = int(os.environ.get(envvars.RANK, "0") or 0)
         try:
@@ -197,13 +199,16 @@ class EnvLauncher:
                 import runpy
 
                 sys.argv = [spec.script, *spec.args]
-                runpy.run_path(spec.script, run_name="__main__")
+                try:
+                    runpy.run_path(spec.script, run_name="__main__")
+                finally:   # this process ends without teardown (resilience.process_end)
+                    flush_open_files()
             else:
                 from disttrain.worker import run_worker
 
                 run_worker(spec.model_dump())
-        except SystemExit as exc:  # the script's own sys.exit(n)
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except SystemExit as exc:  # the script's own sys.exit(n), ended as python would
+            code = exit_status(exc)
             if not code:
                 return LaunchResult()
             return LaunchResult.failed({rank: RankFailure(exitcode=code)}, exit_code=code)

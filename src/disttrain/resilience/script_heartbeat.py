@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from disttrain.resilience import heartbeat
 
@@ -382,9 +382,11 @@ def _own_workers(script: str, env: Any, timeout_s: float, run_dir: str | None) -
 def run_script(script: str, args: Sequence[str], timeout_s: float,
                run_dir: str | None = None) -> int:
     """Run `script` as `python script.py args` would, its progress beating the heartbeat;
-    returns the exit status (SystemExit passes through unchanged)."""
+    returns the exit status `python script.py args` would end with (`sys.exit(code)`
+    included; KeyboardInterrupt passes through)."""
     from disttrain.distributed.env import read_env
     from disttrain.errors import DistEnvError
+    from disttrain.resilience.process_end import exit_status
     from disttrain.resilience.watchdog import unless_watched
 
     try:
@@ -413,7 +415,9 @@ def run_script(script: str, args: Sequence[str], timeout_s: float,
     try:
         with unless_watched(env, timeout_s):  # a pod: ranks 0 and 1 watch
             runpy.run_path(path, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit as exc:
+        return exit_status(exc)
+    except KeyboardInterrupt:
         raise
     except BaseException as exc:
         tb = _script_traceback(exc, script)
@@ -443,7 +447,13 @@ def whole_lines() -> None:
                 reconfigure(line_buffering=True, write_through=False)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Parse the entry's arguments, run the script, and end this process with its status
+    as `python script.py` would, without the interpreter's teardown
+    (`resilience.process_end`: a finished rank could abort there, and its job was reported
+    failed). A non-daemon thread the script left running gets `--timeout-s` to end."""
+    from disttrain.resilience.process_end import end_process
+
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout-s", type=float, default=300.0,
@@ -453,8 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     ns = parser.parse_args(argv)
-    return run_script(ns.script, ns.args, ns.timeout_s, ns.run_dir)
+    code = run_script(ns.script, ns.args, ns.timeout_s, ns.run_dir)
+    end_process(code, thread_grace_s=ns.timeout_s, flush_files=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
