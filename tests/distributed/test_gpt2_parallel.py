@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from disttrain.testing import run_ranks, setup_for_test
+from tests.conftest import needs
 from tests.distributed import test_tp_gpt2
 from tests.distributed.test_tp_gpt2 import (
     LR,
@@ -42,7 +43,7 @@ from tests.distributed.test_tp_gpt2 import (
     _model,
 )
 
-transformers = pytest.importorskip("transformers")
+pytestmark = [needs("transformers")]
 
 RTOL, ATOL = 1e-4, 5e-5
 MICROBATCHES = 2

@@ -25,14 +25,17 @@ from disttrain.distributed.tensor_parallel import check_heads, heads_of, tp_plan
 from disttrain.distributed.tp_plans import gpt2_plan, gpt2_sequence_parallel_plan, is_conv1d
 from disttrain.errors import StrategyError
 from disttrain.testing import run_ranks, setup_for_test
+from tests.conftest import needs
 
-transformers = pytest.importorskip("transformers")
+pytestmark = [needs("transformers")]
 
 STEPS, SEED, LR, VOCAB, SEQ = 30, 5, 0.1, 32, 16
 RTOL, ATOL = 1e-4, 5e-5
 
 
 def _model(heads: int = 4) -> nn.Module:
+    import transformers
+
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2,
                                      n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=0, eos_token_id=0)

@@ -17,15 +17,13 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
-
 from disttrain.plan.trace import Knobs
 from disttrain.plan.tracing import trace_memory
+from tests.conftest import needs
 from tests.plan.measure import TOLERANCE  # both ways, as test_accuracy.py holds every strategy
 from tests.recipes import hf_fixtures as fx
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [needs("transformers", "peft"), pytest.mark.slow, pytest.mark.timeout(600)]
 
 SEQ = 32
 BATCH = 8

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-
 from disttrain import envvars
 from disttrain.recipes import text_data
 from disttrain.recipes.causal_lm import check_model_dir, lora_settings, make_task
 from disttrain.train.task import TaskError
+from tests.conftest import needs
 from tests.recipes import hf_fixtures as fx
+
+pytestmark = [needs("transformers")]
 
 
 @pytest.fixture(scope="module")

@@ -20,15 +20,13 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
-
 from disttrain import envvars
 from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
+from tests.conftest import needs
 from tests.recipes import hf_fixtures as fx
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [needs("transformers", "peft"), pytest.mark.slow, pytest.mark.timeout(420)]
 
 STEPS = 16
 SEQ = 32

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-
+from tests.conftest import needs
 from tests.recipes.load_memory import measure, save_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [needs("transformers"), pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 def test_a_pretrained_model_is_held_once_not_once_per_rank(tmp_path: Path,

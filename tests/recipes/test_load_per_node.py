@@ -21,14 +21,12 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
-
 from disttrain import envvars
 from disttrain.testing import run_ranks
+from tests.conftest import needs
 from tests.recipes import hf_fixtures as fx
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [needs("transformers", "peft"), pytest.mark.slow, pytest.mark.timeout(300)]
 
 PER_NODE = 2
 

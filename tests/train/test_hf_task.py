@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-
 from disttrain.examples.chargpt import CharWindows, encode, load_text
 from disttrain.spec.job import JobSpec
 from disttrain.testing import run_ranks, setup_for_test
 from disttrain.train.task import TrainTask
+from tests.conftest import needs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [needs("transformers"), pytest.mark.slow, pytest.mark.timeout(300)]
 
 BLOCK = 32
 EVAL_WINDOWS = 64
