@@ -214,3 +214,23 @@ def test_k8s_verify_command_prints_the_cluster_verdict(monkeypatch):
     bad = CliRunner().invoke(cmd.verify, ["--kind", "job", "--nnodes", "2", "--master-port", "0",
                                           "--image", "x"])
     assert bad.exit_code == 2 and "master_port" in bad.output
+
+
+def test_a_verify_rank_ends_without_the_teardown_that_can_abort_it():
+    """verify_checks.py (a pod's torchrun ranks) ends with its verdict's status even when the
+    interpreter's teardown would abort (a C++ static destructor that aborts stands in for
+    torch's: docs/resilience.md, "How a process ends"), its last line written."""
+    code = ("import ctypes, sys\n"
+            "libc = ctypes.CDLL(None)\n"
+            "libc.__cxa_atexit(libc.abort, None, None)\n"
+            f"sys.path.insert(0, {str(Path(verify_checks.__file__).parent)!r})\n"
+            "from verify_checks import exit_without_teardown\n"
+            "print('verdict written', end='')\n"
+            "exit_without_teardown({})\n")
+    plain = subprocess.run([sys.executable, "-c", code.replace("exit_without_teardown({})",
+                                                               "sys.exit(3)")],
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == -6                     # the fault: the normal exit aborts
+    ended = subprocess.run([sys.executable, "-c", code.format(3)], capture_output=True,
+                           text=True, timeout=60)
+    assert (ended.returncode, ended.stdout) == (3, "verdict written")

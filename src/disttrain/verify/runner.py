@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ from disttrain.verify.verify_checks import (
     DEFAULT_STEPS,
     FAULT_ENV,
     CheckResult,
+    exit_without_teardown,
     json_lines,
     main,
     parse_faults,
@@ -191,4 +191,4 @@ def verify_on_cluster(spec: JobSpec, cluster: Any, *, out: Any = print, keep: bo
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -19,6 +19,7 @@ makes <rank> break <check> the way a real fault would (docs/verify-and-bench.md)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -492,5 +493,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if verdict(results)["ok"] else 1
 
 
+def exit_without_teardown(code: int) -> None:
+    """End this rank with `code` after flushing stdout / stderr, without the interpreter's
+    teardown: with torch 2.13 a finished rank's process group can still be alive there, and
+    gloo's threads then abort the exit ("terminate called without an active exception")
+    after a verdict that passed (docs/resilience.md, "How a process ends"; this file needs
+    only torch, so it cannot use disttrain's `resilience.process_end`)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):   # a closed pipe: nothing left to say
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())
