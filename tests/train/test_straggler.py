@@ -54,6 +54,11 @@ def test_a_rank_slow_in_wall_time_but_not_in_cpu_time_is_named_for_cpu_share():
     busy = [_rank(0, comm=30.0, compute=10.0, compute_cpu_ms=3.8),
             _rank(1, compute=43.0, compute_cpu_ms=16.8)]
     assert find_straggler(busy)["cause"] == "compute"  # type: ignore[index]
+    # a busy machine cuts a long compute into more slices than a short one: rank 1 (3x the
+    # work, 15 ms of CPU against 5) waited 4 ms per CPU-ms, the others 2; still more work
+    sliced = [_rank(0, comm=50.0, compute=10.0, compute_cpu_ms=5.0),
+              _rank(1, compute=60.0, compute_cpu_ms=15.0)]
+    assert find_straggler(sliced)["cause"] == "compute"  # type: ignore[index]
     # under tp / pp a rank's compute holds its waits for its partners: compute, never cpu share
     tp = [_rank(r, compute=25.0 if r == 1 else 10.0, comm=16.0 if r != 1 else 1.0,
                 compute_cpu_ms=10.0, mesh={"tp": [r, 2]}) for r in (0, 1)]

@@ -19,17 +19,19 @@ factor). A rank that waits longer in the all-reduce than the others while it com
 loads as fast as they do is named for "communication": its own transfers are the slow
 part. Differences under `MIN_SHARE` of a step are noise, whatever their ratio.
 
-A rank named for compute whose extra compute time was mostly not spent on the CPU (the
-Trainer's `compute_cpu_ms`, the training thread's own CPU time in compute, on CPU devices),
-and whose compute was stretched by waiting (wall time per ms of its CPU time) 1.5x or more
-as much as the others', is named for "cpu share" instead: it had as much to do as the
-others and waited for a core, because other processes run on its cores or its pod's CPU
-limit throttles it. The second condition keeps a busy machine from hiding more work: when
-every rank gets a third of a core, a rank with 3x the work also spends most of its extra
-time waiting, but no more than the others do per ms of CPU (found by the test suite on 3
-workers over 2 cores: 16.8 ms of CPU against 3.8, named "cpu share" before). On a shared
-node that is the usual cause, and its fix (a CPU request / limit, fewer threads, another
-node) is not the fix for more work. Under tp / pp a rank's compute holds its waits for its
+A rank named for compute whose compute used about the CPU time of the others' (at most
+1.5x their median: the same work) while its extra compute time was mostly not CPU time (the
+Trainer's `compute_cpu_ms`, the training thread's own CPU time in compute, on CPU devices)
+is named for "cpu share" instead: it had as much to do as the others and waited for a
+core, because other processes run on its cores or its pod's CPU limit throttles it. The
+first condition keeps a busy machine from hiding more work: when every rank gets a third
+of a core, a rank with 3x the work also spends most of its extra time waiting, and its
+long compute waits more per ms of CPU than the others' short ones (a burst longer than
+the scheduler's slice is cut into several; the test suite on 3 workers over 2 cores: 16.8
+ms of CPU against 3.8, and in another run the 3x rank's wall per CPU-ms above 1.5x the
+others', both named "cpu share" by earlier rules). On a shared node waiting for a core is
+the usual cause, and its fix (a CPU request / limit, fewer threads, another node) is not
+the fix for more work. Under tp / pp a rank's compute holds its waits for its
 partners by design, so the distinction is made only for ranks without such a mesh.
 
 Under pipeline parallel (issue 26 item 4) each entry may carry its place in the mesh,
@@ -61,7 +63,7 @@ CAUSES = {"compute": "compute_ms", "cpu share": "compute_ms", "data": "data_ms",
           "communication": "comm_wait_ms"}
 CPU_KEY = "compute_cpu_ms"   # the CPU time in compute (train/phases.py); absent or 0: not measured
 _CPU_PART = 0.5     # "cpu share": less than half the extra compute time was CPU time,
-_STRETCH = 1.5      # and its compute's wall/CPU stretch at least 1.5x the others' median
+_SAME_WORK = 1.5    # and its compute's CPU time at most 1.5x the others' median
 MIN_SHARE = 0.05    # an excess below 5% of the median step is never a straggler
 _AS_FAST = 0.9      # "computes and loads as fast": at least 0.9x the others' compute + data
 _FLOOR_MS = 1e-3    # a median of 0 ms (no data wait at all) divides as 1 µs
@@ -181,9 +183,9 @@ def _find_in(ranks: list[dict[str, Any]], threshold: float,
 
 
 def _waited_for_cpu(entry: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
-    """Whether `entry`'s extra compute time over the other ranks' median was mostly not
-    CPU time of its own, and its compute waited for a core more than theirs did (False
-    where the CPU time was not measured, or under tp / pp)."""
+    """Whether `entry` did about the others' CPU work in compute and its extra compute time
+    over their median was mostly not CPU time of its own (False where the CPU time was not
+    measured, or under tp / pp)."""
     if place_label(entry):
         return False
     others = [o for o in ranks if o is not entry]
@@ -191,10 +193,9 @@ def _waited_for_cpu(entry: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
     if cpu <= 0 or not all(float(o.get(CPU_KEY) or 0.0) > 0 for o in others):
         return False
     wall = float(entry.get("compute_ms") or 0.0)
-    walls = [float(o.get("compute_ms") or 0.0) for o in others]
-    cpus = [float(o[CPU_KEY]) for o in others]
-    stretch = median(w / c for w, c in zip(walls, cpus))
-    return cpu - median(cpus) < _CPU_PART * (wall - median(walls)) and wall / cpu >= _STRETCH * stretch
+    others_cpu = median(float(o[CPU_KEY]) for o in others)
+    others_wall = median(float(o.get("compute_ms") or 0.0) for o in others)
+    return cpu <= _SAME_WORK * others_cpu and cpu - others_cpu < _CPU_PART * (wall - others_wall)
 
 
 def _load(entry: dict[str, Any]) -> float:

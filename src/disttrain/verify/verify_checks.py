@@ -3,10 +3,9 @@
     torchrun --nproc_per_node=2 verify_checks.py --json   # this file alone, e.g. in a pod
     results = run_checks(rt)          # inside any live process group; all ranks' results
 
-A deployment is usually verified by hand: the same PyTorch version on all nodes, then
-watch the loss converge on every node and check that the nodes stay in sync. Each of those
-is a check here (CHECKS; the table in docs/verify-and-bench.md says what each compares),
-judged on every rank against an exact expectation.
+A deployment is usually verified by hand: the same PyTorch version on all nodes, the loss
+converging on every node, the nodes in sync. Each is a check here (CHECKS, described in
+docs/verify-and-bench.md), judged on every rank against an exact expectation.
 
 One torch-only file, because `disttrain k8s verify` ships it in the job's ConfigMap and runs
 it with torchrun, so the check works in a plain `pytorch/pytorch` image. Where disttrain is
@@ -80,11 +79,8 @@ class CheckResult:
 
 
 def parse_faults(text: str | None) -> dict[str, set[int]]:
-    """`"barrier:1,convergence:0"` -> {"barrier": {1}, "convergence": {0}}.
-
-    Raises:
-        ValueError: an item is not <check>:<rank> with a known check.
-    """
+    """`"barrier:1,convergence:0"` -> {"barrier": {1}, "convergence": {0}}; ValueError for an
+    item that is not <check>:<rank> with a known check."""
     faults: dict[str, set[int]] = {}
     for item in (text or "").split(","):
         item = item.strip()
@@ -277,10 +273,8 @@ class _Checker:
 
 def train_task(rt: RankLike, steps: int, perturb: bool = False,
                shuffle_labels: bool = False) -> tuple[str, list[float]]:
-    """DDP on a learnable task (labels of a fixed linear teacher), each rank its own shard.
-
-    Returns this rank's parameter hash at the end and its loss per step.
-    """
+    """DDP on a learnable task (labels of a fixed linear teacher), each rank its own shard;
+    returns this rank's parameter hash at the end and its loss per step."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     g = torch.Generator().manual_seed(1234)
@@ -494,11 +488,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_without_teardown(code: int) -> None:
-    """End this rank with `code` after flushing stdout / stderr, without the interpreter's
-    teardown: with torch 2.13 a finished rank's process group can still be alive there, and
-    gloo's threads then abort the exit ("terminate called without an active exception")
-    after a verdict that passed (docs/resilience.md, "How a process ends"; this file needs
-    only torch, so it cannot use disttrain's `resilience.process_end`)."""
+    """Flush stdout / stderr and end with `code` without the interpreter's teardown, where a
+    finished rank could abort (torch 2.13: docs/resilience.md, "How a process ends")."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):   # a closed pipe: nothing left to say
             stream.flush()
