@@ -100,5 +100,7 @@ def end_process(code: int, *, thread_grace_s: float | None = None,
         atexit._run_exitfuncs()
         if flush_files:
             flush_open_files()
+    except KeyboardInterrupt:   # Ctrl-C while waiting for a thread: as interrupted
+        code = 130
     finally:
         exit_now(code)

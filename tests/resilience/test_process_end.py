@@ -1,0 +1,57 @@
+"""How a disttrain process ends (resilience/process_end.py): the status `python script.py`
+would give, open files written, a Ctrl-C during the clean-ups as interrupted. The whole exit
+of a script rank, with a teardown that aborts, is tests/cli/test_run_script.py's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from disttrain.resilience.process_end import exit_status, flush_open_files, join_threads
+
+
+@pytest.mark.parametrize(("code", "status", "printed"), [
+    (None, 0, ""), (0, 0, ""), (3, 3, ""), (True, 1, ""), ("bye", 1, "bye\n"), ([1], 1, "[1]\n")])
+def test_exit_status_is_pythons(capsys, code, status, printed):
+    assert exit_status(SystemExit(code)) == status
+    assert capsys.readouterr().err == printed
+
+
+def test_open_files_are_flushed(tmp_path):
+    path = tmp_path / "log.txt"
+    log = open(path, "w")   # noqa: SIM115 - left open on purpose, as a script may
+    log.write("kept")
+    assert path.read_text() == ""          # still in the file object's buffer
+    assert flush_open_files() >= 1
+    assert path.read_text() == "kept"
+    log.close()
+
+
+def test_join_threads_names_what_it_leaves_after_the_grace():
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="poller")
+    thread.start()
+    try:
+        assert join_threads(0.2) == ["poller"]
+    finally:
+        stop.set()
+        thread.join()
+    assert join_threads(0.2) == []
+
+
+def test_ctrl_c_while_waiting_for_a_thread_ends_as_interrupted():
+    code = textwrap.dedent("""
+        import os, signal, threading, time
+        from disttrain.resilience.process_end import end_process
+        threading.Thread(target=time.sleep, args=(60,)).start()
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        end_process(0)
+    """)
+    ended = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=30)
+    assert ended.returncode == 130, ended.stderr
