@@ -101,9 +101,9 @@ CAUSES: dict[str, tuple[str, str]] = {
         "run while C++ static objects are destroyed. End a finished worker with "
         "`os._exit(code)` after flushing its files and streams, as multiprocessing ends its "
         "workers (`python -m disttrain.worker` and the script ranks of `disttrain run "
-        "script.py` do: docs/resilience.md, \"How a process ends\"). Otherwise take the native stack "
-        "(`gdb -p PID`, or a core dump with `ulimit -c unlimited`) and report it with the "
-        "torch version."),
+        "script.py` do: docs/resilience.md, \"How a process ends\"). Otherwise take the "
+        "native stack (`gdb -p PID`, or a core dump with `ulimit -c unlimited`) and report "
+        "it with the torch version."),
     "duplicate_gpu": (
         "two ranks share one GPU (NCCL: Duplicate GPU detected)",
         "Each NCCL rank needs its own GPU. Bind rank to device with LOCAL_RANK "

@@ -11,8 +11,8 @@ Why not the normal exit:
   (every optimizer imports it), and gloo's threads still hold finished work (tensors) while
   the interpreter is torn down. An unmodified script that had called destroy_process_group
   ended with "terminate called without an active exception" (SIGABRT) on one rank, and its
-  job was reported failed (this project's suite, under load; the same teardown race is
-  pytorch/pytorch#190489 and the abandoned fix pytorch/pytorch#179291).
+  job was reported failed (this project's suite, under load; the abort is reported upstream
+  as pytorch/pytorch#190489, and a fix in torch, pytorch/pytorch#179291, was abandoned).
 - **It is slow.** After `import torch` the teardown alone costs 0.4-0.75 s of CPU per
   process (`python -c "import torch"`: 2.58 s, with `os._exit(0)` at the end 1.83 s).
 
