@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from disttrain.resilience.process_end import exit_status, join_threads
+from disttrain.resilience.process_end import exit_status
 
 
 @pytest.mark.parametrize(("code", "status", "printed"), [
@@ -38,17 +38,19 @@ def test_open_files_are_flushed(tmp_path):
 
 
 def test_join_threads_names_what_it_leaves_after_the_grace():
-    import threading
-
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait, name="poller")
-    thread.start()
-    try:
-        assert join_threads(0.2) == ["poller"]
-    finally:
+    """In a process of its own, where the only other thread is this test's."""
+    code = textwrap.dedent("""
+        import threading
+        from disttrain.resilience.process_end import join_threads
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, name="poller").start()
+        left = join_threads(0.2)
         stop.set()
-        thread.join()
-    assert join_threads(0.2) == []
+        print(left, join_threads(5))
+    """)
+    ended = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=30)
+    assert ended.stdout.strip() == "['poller'] []", ended.stderr
 
 
 def test_ctrl_c_while_waiting_for_a_thread_ends_as_interrupted():
