@@ -1,5 +1,6 @@
 """INSIDE one rank: where it sits in the job (env), its per-process settings (process: allocator,
-threads, seeds, its own session), the process group and its device (runtime), how the model is
+threads, seeds, its own session), the process group and its device (runtime; gloo_drain: its
+end waits until gloo's worker threads are idle), how the model is
 spread (strategies: none | dp | ddp | fsdp, with fsdp), DDP communication hooks (comm_hooks)
 and how they wait for the all-reduce (comm_wait: poll or block), activation checkpointing
 (activation_ckpt), the

@@ -123,11 +123,17 @@ class Runtime:
 
         The groups leave torch's registry here, but their objects are kept alive
         (`_retire_groups`), so that the last Python reference to one (a DDP Reducer freed
-        later, or destroy itself) never runs gloo's destructor under the GIL.
+        later, or destroy itself) never runs gloo's destructor under the GIL. On gloo it
+        then waits until gloo's worker threads have freed their finished collectives
+        (`gloo_drain`): one that does so while the interpreter ends aborts the process.
         """
         if self.owns_group and self.distributed:
             _retire_groups()
             dist.destroy_process_group()
+            if self.backend == "gloo":   # before the interpreter may end (distributed/gloo_drain.py)
+                from disttrain.distributed.gloo_drain import wait_for_gloo_idle
+
+                wait_for_gloo_idle()
         self.owns_group = False
 
     def __enter__(self) -> Runtime:
