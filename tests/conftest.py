@@ -14,6 +14,13 @@ from hypothesis import settings
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# A C++ static destructor that aborts at exit (SIGABRT), registered by a script's first
+# lines: what torch 2.13's gloo threads can do to a finished rank in the interpreter's
+# teardown, injected every time (docs/resilience.md, "How a process ends")
+ABORT_AT_EXIT = ("import ctypes\n_libc = ctypes.CDLL(None)\n"
+                 "_libc.__cxa_atexit(_libc.abort, None, None)\n")
+
+
 def needs(*packages: str) -> pytest.MarkDecorator:
     """Skip unless the optional packages are installed (the `make test` install has them),
     found without importing them: every pytest-xdist worker collects every file, and a

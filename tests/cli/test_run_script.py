@@ -15,7 +15,7 @@ import pytest
 
 from disttrain.launch.own_workers import own_workers
 from disttrain.spec.fields import is_dns1123_label
-from tests.conftest import run_cli
+from tests.conftest import ABORT_AT_EXIT, run_cli
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ENTRY = [sys.executable, "-m", "disttrain.resilience.script_heartbeat", "--timeout-s=30"]
@@ -47,9 +47,7 @@ def test_entry_runs_a_script_as_python_does(tmp_path, body):
     assert "__main__ s.py ['--batch_size', '3', '--', 'x'] sub" in entry.stdout
 
 
-ENDS = """import atexit, ctypes, sys, threading, time
-libc = ctypes.CDLL(None)
-libc.__cxa_atexit(libc.abort, None, None)   # a C++ static destructor that aborts at exit
+ENDS = ABORT_AT_EXIT + """import atexit, sys, threading, time
 atexit.register(print, "atexit ran")
 log = open("out.txt", "w")                   # never closed: the exit writes it
 log.write("kept")

@@ -4,6 +4,7 @@ not; in a live gloo group, `Runtime.shutdown` leaves them idle."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -41,7 +42,7 @@ def test_a_gloo_rank_leaves_shutdown_with_its_workers_idle(tmp_path):
     code = textwrap.dedent("""
         import os
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0",
-                          WORLD_SIZE="1")
+                          WORLD_SIZE="1", LOCAL_RANK="0")
         import torch, torch.distributed as dist
         from disttrain.distributed import runtime
         from disttrain.distributed.gloo_drain import RUNLOOP, runloops_idle
@@ -58,14 +59,8 @@ def test_a_gloo_rank_leaves_shutdown_with_its_workers_idle(tmp_path):
     from disttrain.launch.ports import free_port
 
     ended = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120, env={**_env(), "PORT": str(free_port())})
+                           timeout=120, env={**os.environ, "PORT": str(free_port())})
     assert ended.returncode == 0, ended.stderr[-2000:]
     threads, idle = ended.stdout.split()
     assert int(threads) >= 1 and idle == "True", ended.stdout  # the group's threads, kept, idle
 
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}

@@ -20,6 +20,7 @@ from disttrain.spec.job import JobSpec
 from disttrain.verify import runner as verify
 from disttrain.verify import verify_checks
 from disttrain.verify.runner import CHECKS, CheckResult, parse_faults, parse_verdict, verify_local
+from tests.conftest import ABORT_AT_EXIT
 
 pytestmark = pytest.mark.timeout(150)
 LAUNCH = {"nproc_per_node": 2, "timeout_s": 60, "master_port": 0, "backend": "gloo"}
@@ -220,17 +221,13 @@ def test_a_verify_rank_ends_without_the_teardown_that_can_abort_it():
     """verify_checks.py (a pod's torchrun ranks) ends with its verdict's status even when the
     interpreter's teardown would abort (a C++ static destructor that aborts stands in for
     torch's: docs/resilience.md, "How a process ends"), its last line written."""
-    code = ("import ctypes, sys\n"
-            "libc = ctypes.CDLL(None)\n"
-            "libc.__cxa_atexit(libc.abort, None, None)\n"
+    head = (ABORT_AT_EXIT + "import sys\n"
             f"sys.path.insert(0, {str(Path(verify_checks.__file__).parent)!r})\n"
             "from verify_checks import exit_without_teardown\n"
-            "print('verdict written', end='')\n"
-            "exit_without_teardown({})\n")
-    plain = subprocess.run([sys.executable, "-c", code.replace("exit_without_teardown({})",
-                                                               "sys.exit(3)")],
+            "print('verdict written', end='')\n")
+    plain = subprocess.run([sys.executable, "-c", head + "sys.exit(3)\n"],
                            capture_output=True, text=True, timeout=60)
     assert plain.returncode == -6                     # the fault: the normal exit aborts
-    ended = subprocess.run([sys.executable, "-c", code.format(3)], capture_output=True,
-                           text=True, timeout=60)
+    ended = subprocess.run([sys.executable, "-c", head + "exit_without_teardown(3)\n"],
+                           capture_output=True, text=True, timeout=60)
     assert (ended.returncode, ended.stdout) == (3, "verdict written")

@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="disttrain", standalone_mode=True)
     except SystemExit as exc:
-        code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
+        from disttrain.resilience.process_end import exit_status
+
+        return exit_status(exc)
     return 0
 
 
