@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""`uv pip install` into this interpreter's environment, from the package sources pip is
+configured with (the Makefile's installs).
+
+    .venv/bin/python tools/uv_install.py -c constraints.txt -e '.[test]'
+
+Why: the Makefile installs torch with pip, whose configuration may point it at a wheel on
+local disk (and cap its version), then everything else with uv, which installed the ~100
+packages of the test extras in ~4 s where pip took ~35 s on the 2-core machine this project
+is tested on (README, Development). uv reads no pip.conf and no PIP_* variable
+(https://docs.astral.sh/uv/pip/compatibility/), so a mirror set up for pip would be passed
+over; this hands pip's index-url, extra-index-url, find-links and no-index to uv. pip takes
+the best version over all its sources, so with more than one uv is asked to do the same
+(`--index-strategy unsafe-best-match`; uv's default takes a package from the first index
+that has it).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+# pip's setting -> uv's flag, for the settings that say where packages come from
+SOURCES = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
+           "find-links": "--find-links", "no-index": "--no-index"}
+# which of pip's configuration sections wins (`pip install` reads [global] and [install];
+# PIP_* variables, shown by `pip config list` as ":env:", override both)
+PRECEDENCE = (":env:", "install", "global")
+TRUE = {"1", "true", "yes", "on"}
+
+
+def parse_config_list(text: str) -> dict[str, str]:
+    """`pip config list` output (`section.key='value'` lines) -> {key: the value that wins}."""
+    found: dict[tuple[str, str], str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        section, dot, key = name.strip().rpartition(".")
+        if not (sep and dot) or section not in PRECEDENCE:
+            continue
+        try:
+            found[section, key] = str(ast.literal_eval(value.strip()))   # pip prints repr()
+        except (ValueError, SyntaxError):
+            found[section, key] = value.strip()
+    settings: dict[str, str] = {}
+    for section in reversed(PRECEDENCE):   # later sections override earlier ones
+        settings.update({key: v for (s, key), v in found.items() if s == section})
+    return settings
+
+
+def uv_source_flags(settings: dict[str, str]) -> list[str]:
+    """uv flags for pip's package sources (none: uv's default, PyPI)."""
+    flags: list[str] = []
+    for key, flag in SOURCES.items():
+        value = settings.get(key, "").strip()
+        if not value:
+            continue
+        if key == "no-index":
+            if value.lower() in TRUE:
+                flags.append(flag)
+            continue
+        for item in value.split():   # pip's lists: whitespace or one per line
+            flags += [flag, item]
+    if any(f in ("--extra-index-url", "--find-links") for f in flags):
+        flags += ["--index-strategy", "unsafe-best-match"]
+    return flags
+
+
+def pip_settings() -> dict[str, str]:
+    res = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                         text=True, check=False)
+    return parse_config_list(res.stdout) if res.returncode == 0 else {}
+
+
+def main(argv: list[str]) -> int:
+    cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable,
+           *uv_source_flags(pip_settings()), *argv]
+    env = {**os.environ, "UV_NO_PROGRESS": "1"}
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
