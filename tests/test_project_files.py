@@ -77,8 +77,19 @@ def test_install_takes_torch_from_pip_then_the_rest_from_uv():
      ["--find-links", "/w1", "--find-links", "/w2", "--no-index",
       "--index-strategy", "unsafe-best-match"]),
     ("global.no-index='false'\nuser.index-url='x'\nnot a setting\n", []),
+    # a mirror over plain http
+    ("global.index-url='http://m.lan/simple'\nglobal.trusted-host='m.lan'\n",
+     ["--index-url", "http://m.lan/simple", "--allow-insecure-host", "m.lan"]),
     ("", []),
 ])
 def test_pips_package_sources_are_handed_to_uv(config, flags):
     uv_install = _uv_install()
     assert uv_install.uv_source_flags(uv_install.parse_config_list(config)) == flags
+
+
+def test_pips_ca_bundle_reaches_uv_unless_one_is_set():
+    uv_install = _uv_install()
+    settings = uv_install.parse_config_list("global.cert='/etc/ca.pem'\n")
+    assert uv_install.uv_env(settings, {})["SSL_CERT_FILE"] == "/etc/ca.pem"
+    assert uv_install.uv_env(settings, {"SSL_CERT_FILE": "/mine.pem"})["SSL_CERT_FILE"] == "/mine.pem"
+    assert "SSL_CERT_FILE" not in uv_install.uv_env({}, {})

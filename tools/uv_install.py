@@ -9,7 +9,8 @@ local disk (and cap its version), then everything else with uv, which installed 
 packages of the test extras in ~4 s where pip took ~35 s on the 2-core machine this project
 is tested on (README, Development). uv reads no pip.conf and no PIP_* variable
 (https://docs.astral.sh/uv/pip/compatibility/), so a mirror set up for pip would be passed
-over; this hands pip's index-url, extra-index-url, find-links and no-index to uv. pip takes
+over; this hands pip's index-url, extra-index-url, find-links, no-index, trusted-host and cert
+to uv. pip takes
 the best version over all its sources, so with more than one uv is asked to do the same
 (`--index-strategy unsafe-best-match`; uv's default takes a package from the first index
 that has it).
@@ -22,9 +23,11 @@ import os
 import subprocess
 import sys
 
-# pip's setting -> uv's flag, for the settings that say where packages come from
+# pip's setting -> uv's flag, for the settings that say where packages come from and how
+# to reach them (`cert`, a mirror's CA bundle, is uv's SSL_CERT_FILE: `uv_env`)
 SOURCES = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
-           "find-links": "--find-links", "no-index": "--no-index"}
+           "find-links": "--find-links", "no-index": "--no-index",
+           "trusted-host": "--allow-insecure-host"}
 # which of pip's configuration sections wins (`pip install` reads [global] and [install];
 # PIP_* variables, shown by `pip config list` as ":env:", override both)
 PRECEDENCE = (":env:", "install", "global")
@@ -67,6 +70,14 @@ def uv_source_flags(settings: dict[str, str]) -> list[str]:
     return flags
 
 
+def uv_env(settings: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+    """The environment uv runs in: pip's CA bundle where none is set, no progress bars."""
+    env = {**environ, "UV_NO_PROGRESS": "1"}
+    if settings.get("cert") and "SSL_CERT_FILE" not in env:
+        env["SSL_CERT_FILE"] = settings["cert"]
+    return env
+
+
 def pip_settings() -> dict[str, str]:
     res = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
                          text=True, check=False)
@@ -74,10 +85,10 @@ def pip_settings() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    settings = pip_settings()
     cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable,
-           *uv_source_flags(pip_settings()), *argv]
-    env = {**os.environ, "UV_NO_PROGRESS": "1"}
-    return subprocess.run(cmd, env=env, check=False).returncode
+           *uv_source_flags(settings), *argv]
+    return subprocess.run(cmd, env=uv_env(settings, dict(os.environ)), check=False).returncode
 
 
 if __name__ == "__main__":
