@@ -64,11 +64,12 @@ def test_install_takes_torch_from_pip_then_the_rest_from_uv():
     # this machine's: a wheel folder from the environment, two local indexes beside PyPI
     (":env:.find-links='/opt/wheels'\n"
      "global.cert='/etc/ssl/certs/ca-certificates.crt'\n"
+     "global.constraint='/etc/xdg/pip/constraints.txt'\n"
      "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'\n"
      "global.find-links='/ignored/env/wins'\n",
      ["--extra-index-url", "file:///opt/pypi/simple", "--extra-index-url",
       "file:///opt/pypi-more/simple", "--find-links", "/opt/wheels",
-      "--index-strategy", "unsafe-best-match"]),
+      "--constraint", "/etc/xdg/pip/constraints.txt", "--index-strategy", "unsafe-best-match"]),
     # a mirror instead of PyPI, [install] over [global]: uv's own strategy is enough
     ("global.index-url='https://a.example/simple'\ninstall.index-url='https://b.example/simple'\n",
      ["--index-url", "https://b.example/simple"]),

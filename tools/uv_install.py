@@ -9,8 +9,8 @@ local disk (and cap its version), then everything else with uv, which installed 
 packages of the test extras in ~4 s where pip took ~35 s on the 2-core machine this project
 is tested on (README, Development). uv reads no pip.conf and no PIP_* variable
 (https://docs.astral.sh/uv/pip/compatibility/), so a mirror set up for pip would be passed
-over; this hands pip's index-url, extra-index-url, find-links, no-index, trusted-host and cert
-to uv. pip takes
+over; this hands pip's index-url, extra-index-url, find-links, no-index, trusted-host, cert and
+constraint to uv. pip takes
 the best version over all its sources, so with more than one uv is asked to do the same
 (`--index-strategy unsafe-best-match`; uv's default takes a package from the first index
 that has it).
@@ -27,7 +27,8 @@ import sys
 # to reach them (`cert`, a mirror's CA bundle, is uv's SSL_CERT_FILE: `uv_env`)
 SOURCES = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
            "find-links": "--find-links", "no-index": "--no-index",
-           "trusted-host": "--allow-insecure-host"}
+           "trusted-host": "--allow-insecure-host",
+           "constraint": "--constraint"}   # the machine's caps (a pip.conf may hold one)
 # which of pip's configuration sections wins (`pip install` reads [global] and [install];
 # PIP_* variables, shown by `pip config list` as ":env:", override both)
 PRECEDENCE = (":env:", "install", "global")
