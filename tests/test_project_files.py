@@ -37,7 +37,9 @@ def test_bench_target_runs_disttrain_bench():
     assert "disttrain bench overhead" in res.stdout and "disttrain bench scaling" in res.stdout
 
 
-def _uv_install() -> ModuleType:
+@pytest.fixture(scope="module")
+def uv_install() -> ModuleType:
+    """tools/uv_install.py (a script, not a package module), loaded once."""
     spec = importlib.util.spec_from_file_location("uv_install", ROOT / "tools" / "uv_install.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -83,13 +85,11 @@ def test_install_takes_torch_from_pip_then_the_rest_from_uv():
      ["--index-url", "http://m.lan/simple", "--allow-insecure-host", "m.lan"]),
     ("", []),
 ])
-def test_pips_package_sources_are_handed_to_uv(config, flags):
-    uv_install = _uv_install()
+def test_pips_package_sources_are_handed_to_uv(uv_install, config, flags):
     assert uv_install.uv_source_flags(uv_install.parse_config_list(config)) == flags
 
 
-def test_pips_ca_bundle_reaches_uv_unless_one_is_set():
-    uv_install = _uv_install()
+def test_pips_ca_bundle_reaches_uv_unless_one_is_set(uv_install):
     settings = uv_install.parse_config_list("global.cert='/etc/ca.pem'\n")
     assert uv_install.uv_env(settings, {})["SSL_CERT_FILE"] == "/etc/ca.pem"
     assert uv_install.uv_env(settings, {"SSL_CERT_FILE": "/mine.pem"})["SSL_CERT_FILE"] == "/mine.pem"

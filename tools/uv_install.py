@@ -9,11 +9,10 @@ local disk (and cap its version), then everything else with uv, which installed 
 packages of the test extras in ~4 s where pip took ~35 s on the 2-core machine this project
 is tested on (README, Development). uv reads no pip.conf and no PIP_* variable
 (https://docs.astral.sh/uv/pip/compatibility/), so a mirror set up for pip would be passed
-over; this hands pip's index-url, extra-index-url, find-links, no-index, trusted-host, cert and
-constraint to uv. pip takes
-the best version over all its sources, so with more than one uv is asked to do the same
-(`--index-strategy unsafe-best-match`; uv's default takes a package from the first index
-that has it).
+over; this hands pip's index-url, extra-index-url, find-links, no-index, trusted-host,
+constraint and cert to uv. pip takes the best version over all its sources, so with more
+than one uv is asked to do the same (`--index-strategy unsafe-best-match`; uv's default
+takes a package from the first index that has it).
 """
 
 from __future__ import annotations
@@ -37,20 +36,20 @@ TRUE = {"1", "true", "yes", "on"}
 
 def parse_config_list(text: str) -> dict[str, str]:
     """`pip config list` output (`section.key='value'` lines) -> {key: the value that wins}."""
-    found: dict[tuple[str, str], str] = {}
+    best: dict[str, tuple[int, str]] = {}   # key -> (its section's place in PRECEDENCE, value)
     for line in text.splitlines():
         name, sep, value = line.partition("=")
         section, dot, key = name.strip().rpartition(".")
         if not (sep and dot) or section not in PRECEDENCE:
             continue
         try:
-            found[section, key] = str(ast.literal_eval(value.strip()))   # pip prints repr()
+            value = str(ast.literal_eval(value.strip()))   # pip prints repr()
         except (ValueError, SyntaxError):
-            found[section, key] = value.strip()
-    settings: dict[str, str] = {}
-    for section in reversed(PRECEDENCE):   # later sections override earlier ones
-        settings.update({key: v for (s, key), v in found.items() if s == section})
-    return settings
+            value = value.strip()
+        place = PRECEDENCE.index(section)
+        if key not in best or place < best[key][0]:
+            best[key] = (place, value)
+    return {key: value for key, (_, value) in best.items()}
 
 
 def uv_source_flags(settings: dict[str, str]) -> list[str]:
