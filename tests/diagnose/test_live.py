@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import run_cli
 
 from disttrain.diagnose.lint import lint_paths
 from disttrain.diagnose.logs import diagnose
@@ -58,8 +59,15 @@ def test_live_unused_parameters(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_clean_script_lints_clean_and_runs(tmp_path: Path) -> None:
+    """Run as a user runs their script with disttrain, whose ranks end without the
+    interpreter's teardown: under plain torchrun a rank of this script that had printed
+    "training done" and destroyed its group was once ended by torch's teardown abort
+    (`terminate called without an active exception`, SIGABRT; pytorch/pytorch#190489,
+    docs/resilience.md "How a process ends"), which no script can prevent."""
     script = HERE / "scripts" / "clean_ddp.py"
     assert lint_paths([script]) == []
-    code, log = torchrun(script, tmp_path, {"CHECKPOINT": str(tmp_path / "ck.pt")})
-    assert code == 0, log[-3000:]
-    assert "training done" in log and diagnose(log).cause == "none"
+    res = run_cli("run", str(script), "--nproc-per-node", "2", "--master-port", "0",
+                  cwd=tmp_path, env={"OMP_NUM_THREADS": "1", "CHECKPOINT": str(tmp_path / "ck.pt")})
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-3000:]
+    assert "training done" in log and diagnose(log).cause == "none", log[-3000:]
