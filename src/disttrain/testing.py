@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain import envvars
+from disttrain.launch.agent_scratch import agent_scratch
 from disttrain.launch.plan import launch_config
 from disttrain.launch.ports import free_port
 from disttrain.spec.job import LaunchSpec
@@ -185,13 +186,15 @@ def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
 
     multiprocessing.set_forkserver_preload(PRELOAD)
     launch = LaunchSpec(master_port=free_port(), timeout_s=timeout_s, max_restarts=max_restarts)
-    config = launch_config(launch, nproc, name="test", start_method="forkserver")
     child_env = {envvars.OMP_NUM_THREADS: "1", envvars.TEST_TIMEOUT_S: str(timeout_s), **(env or {})}
     saved = dict(os.environ)  # the elastic agent sets TORCHELASTIC_* in this process
     marks = Path(tempfile.mkdtemp(prefix="disttrain-ranks-"))
     try:
         bound = 2 * timeout_s if wall_s is None else wall_s
-        with _Overtime(marks, nproc, bound, start_s=timeout_s) as overtime:
+        with agent_scratch() as scratch, \
+                _Overtime(marks, nproc, bound, start_s=timeout_s) as overtime:
+            config = launch_config(launch, nproc, name="test", start_method="forkserver",
+                                   scratch_dir=scratch)
             try:
                 return elastic_launch(config, _entry)(fn, child_env, args, str(marks))
             except ChildFailedError as exc:

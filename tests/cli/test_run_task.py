@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -218,16 +219,24 @@ def test_task_trains_on_two_ranks(task_dir):
      "error: task 'mytask:not_a_task' returned dict, not a disttrain.TrainTask"),
 ])
 def test_task_failing_in_the_workers_is_reported_once(task_dir, ref, launcher, message):
-    res = run_cli("run", "--task", ref, "--nproc-per-node", "2", "--epochs", "1",
-                  "--launcher", launcher, cwd=task_dir)
+    with tempfile.TemporaryDirectory(prefix="dt-") as tmp:   # short: the forkserver's socket
+        res = run_cli("run", "--task", ref, "--nproc-per-node", "2", "--epochs", "1",
+                      "--launcher", launcher, cwd=task_dir, env={"TMPDIR": tmp})
+        # no worker's pytorch-errorfile-*.pickle left behind (launch/agent_scratch.py)
+        left = [p.name for p in Path(tmp).iterdir() if not p.name.startswith("torchinductor")]
     assert res.returncode == 2, res.stderr[-3000:]
+    assert left == [], left
     assert res.stderr.count(message) == 1, res.stderr  # from rank 0's record, not once per rank
     # the factory's own frames may be shown (inside the message); disttrain's and torch's not
-    assert "disttrain/worker.py" not in res.stderr and "site-packages/torch" not in res.stderr
+    assert "disttrain/worker.py" not in res.stderr and "site-packages/torch" not in res.stderr, res.stderr
     assert "the job failed" not in res.stderr
     # the kind travelled typed: each rank's record in the run dir (errors.Failure)
     records = [json.loads(p.read_text()) for p in task_dir.glob("runs/*/failures/rank-*.json")]
-    assert sorted(r["rank"] for r in records) == [0, 1], records
+    # one record per rank that ended on its own; under torchrun the agent SIGTERMs the
+    # other rank as soon as one failed, which can be before it reached the factory (once
+    # in 60 runs beside 3 busy processes); --launcher spawn waits PEER_EXIT_GRACE_S first
+    ranks = sorted(r["rank"] for r in records)
+    assert ranks == [0, 1] or (launcher == "torchrun" and len(ranks) == 1), records
     kinds = {r["rank"]: (r["kind"], r["error"]) for r in records}
     # every rank raises in the factory; a rank still inside a collective when its peer
     # left with the error records that as a crash of its own (seen under load, -n 3)

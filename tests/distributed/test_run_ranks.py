@@ -1,9 +1,11 @@
 """`disttrain.testing.run_ranks` bounds the wall clock, not only the collectives: a rank
 stuck outside any collective (here: asleep) ends the run after `wall_s`, named with
-where it was; a rank that had returned is not named. Real ranks (gloo, 2 processes)."""
+where it was; a rank that had returned is not named; a rank that raised leaves nothing in
+the temp folder. Real ranks (gloo, 2 processes)."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 import pytest
@@ -21,6 +23,16 @@ def _rank1_sleeps_forever() -> int:
     if rank == 1:
         while True:           # stuck outside a collective: no collective timeout fires
             time.sleep(0.2)
+    return rank
+
+
+def _rank1_raises() -> int:
+    import torch.distributed as dist
+
+    with setup_for_test():
+        rank = dist.get_rank()
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
     return rank
 
 
@@ -45,3 +57,17 @@ def test_a_rank_stuck_outside_a_collective_is_named_after_wall_s():
 
 def test_ranks_that_return_in_time_are_untouched():
     assert run_ranks(2, _both_return, timeout_s=120) == {0: 0, 1: 1}
+
+
+def test_a_rank_that_raises_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+    """torch's agent would leave a torchelastic_* folder and the failed worker's
+    pytorch-errorfile-*.pickle (its traceback) there (launch/agent_scratch.py)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ChildFailedError) as caught:
+        run_ranks(2, _rank1_raises, timeout_s=120)
+    assert list(caught.value.failures) == [1]
+    assert tempfile.gettempdir() == str(tmp_path)   # given back as it was
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in left if n.startswith(("pytorch-errorfile-", "torchelastic_"))] == [], left

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from disttrain import envvars
 from disttrain.errors import Failure, FailureKind, LaunchError, PortTaken
 from disttrain.launch.agent_logs import AGENT_LOG, agent_report_to, quiet_agent_stop, quiet_reported_failures
+from disttrain.launch.agent_scratch import agent_scratch
 from disttrain.launch.forkserver import worker_start_method
 from disttrain.launch.plan import LaunchPlan, make_plan, start_error
 from disttrain.launch.ports import free_port
@@ -95,7 +96,7 @@ class ElasticLauncher:
         from torch.distributed.launcher.api import elastic_launch
 
         try:
-            with _agent_scratch(self.logs_dir) as scratch, signals_restored(), \
+            with agent_scratch() as scratch, signals_restored(), \
                     quiet_agent_stop(), agent_report_to(self.agent_log) as kept:
                 config = plan.config(self.start_method, self.logs_dir, scratch)
                 values = elastic_launch(config, self.entry)(*self.args)
@@ -115,20 +116,6 @@ class ElasticLauncher:
         except KeyboardInterrupt:  # Ctrl-C before the agent took the signals over
             return LaunchResult.stopped(int(signal.SIGINT))
         return LaunchResult(values=dict(values or {}))
-
-
-@contextlib.contextmanager
-def _agent_scratch(logs_dir: Path | None) -> Iterator[Path | None]:
-    """Without tee'd logs, a temporary folder for torch's agent's per-attempt files, removed
-    when the launch ends: torch's default (`DefaultLogsSpecs()`) makes a torchelastic_*
-    folder in /tmp for every launch and leaves it there."""
-    if logs_dir is not None:
-        yield None
-        return
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="disttrain-agent-") as scratch:
-        yield Path(scratch)
 
 
 class TorchrunLauncher:
