@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,14 @@ def test_emulated_pods_reach_each_other_and_nothing_else(workdir: Path) -> None:
 @netns
 @pytest.mark.netns
 @pytest.mark.timeout(300)
-def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: Path) -> None:
+def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything: the namespaces, and the pods' temp files (each pod has its own TMPDIR,
+    as a container has its own /tmp: torchrun would leave a torchelastic_* folder)."""
+    tmp = workdir / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     (workdir / "fail.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
     result = cli("k8s", "run-local", "fail.py", "--kind", "job", "--nnodes", "2",
                  "--nproc-per-node", "1", "--backend", "gloo", "--timeout", "240")
@@ -187,6 +195,7 @@ def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: P
     assert "[fail-0] about to fail" in result.out   # the job is named after fail.py
     assert "error: pod fail-0 failed" in result.err
     assert _leftovers(f"dt{os.getpid()}") == []
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
 
 
 @netns

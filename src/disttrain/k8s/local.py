@@ -8,7 +8,8 @@ included), in its own network namespace and UTS namespace (hostname = pod hostna
 The namespaces, their bridge, addresses (198.18.0.0/15 only) and hosts files are
 `disttrain.k8s.netns`'s; a pod reaches loopback and the other emulated pods, nothing else.
 Volumes are local folders (a PVC is one folder shared by all pods, a ConfigMap file is
-written where it is mounted). A failed pod is re-created as its workload's controller
+written where it is mounted), and each start of a pod has its own empty TMPDIR, as a
+container has its own /tmp. A failed pod is re-created as its workload's controller
 would (`backoff_limit`: a Job's backoffLimit), and a pod killed by SIGKILL as a whole is
 reported as a lost host with its ranks (from RUN_DIR/ranks.json; docs/resilience.md,
 "Hosts lost and partitions"), typed there (`errors.FailureKind.LOST_HOST`: its exit status
@@ -47,7 +48,7 @@ from disttrain.spec.job import JobSpec
 from disttrain.spec.paths import is_directory
 
 __all__ = ["LocalPod", "LocalResult", "expand", "local_pods", "run_local"]
-_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER")
+_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER")
 
 
 
@@ -158,11 +159,14 @@ def _program(argv: tuple[str, ...]) -> list[str]:
     return list(argv)
 
 
-def _process_env(pod: LocalPod, mapping: dict[str, str]) -> dict[str, str]:
-    """A clean env: a few basics (no proxies), the pod's env, disttrain importable."""
+def _process_env(pod: LocalPod, mapping: dict[str, str], tmp: Path) -> dict[str, str]:
+    """A clean env: a few basics (no proxies), `tmp` as TMPDIR (the container's own /tmp:
+    what torchrun and the ranks leave there goes with the pod), the pod's env, disttrain
+    importable."""
     import disttrain
 
     env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+    env["TMPDIR"] = str(tmp)
     src = str(Path(disttrain.__file__).resolve().parents[1])
     env[envvars.PYTHONPATH] = os.pathsep.join(p for p in (src, os.environ.get(envvars.PYTHONPATH)) if p)
     env |= {k: map_path(v, mapping) for k, v in pod.env.items()}
@@ -298,6 +302,7 @@ class _Pods:
     tails: dict[str, list[str]] = field(default_factory=dict)
     readers: list[threading.Thread] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    started: int = 0   # pod starts so far, re-creations included: each its own TMPDIR
 
     def start(self, pod: LocalPod, mapping: dict[str, str]) -> None:
         argv = [map_path(a, mapping) for a in _program(pod.argv)]
@@ -307,7 +312,11 @@ class _Pods:
             Path(cwd).mkdir(parents=True, exist_ok=True)
         cmd = ["ip", "netns", "exec", self.netns[pod.name], "unshare", "--uts", "--",
                "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh", pod.hostname, *argv]
-        proc = subprocess.Popen(cmd, env=_process_env(pod, mapping), cwd=cwd,
+        # short (root/t<N>): a unix socket's path, a forkserver's under TMPDIR, has 107 bytes
+        tmp = self.root / f"t{self.started}"
+        tmp.mkdir()
+        self.started += 1
+        proc = subprocess.Popen(cmd, env=_process_env(pod, mapping, tmp), cwd=cwd,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[pod.name] = proc
