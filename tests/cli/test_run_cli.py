@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -175,6 +176,7 @@ def test_builtin_worker_under_plain_torchrun(tmp_path):
     (tmp_path / "job.yaml").write_text(spec.to_yaml())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            f"--master_port={free_port()}", "-m", "disttrain.worker", "--spec", "job.yaml"]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})   # torchrun's folder
     assert res.returncode == 0, res.stderr[-3000:]
     assert _summary(tmp_path / "run")["params_in_sync"] is True

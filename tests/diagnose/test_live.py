@@ -22,7 +22,9 @@ REPRO = HERE / "logs" / "repro"
 
 
 def torchrun(script: Path, cwd: Path, extra_env: dict[str, str] | None = None) -> tuple[int, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    # TMPDIR: plain torchrun leaves a torchelastic_* folder in it per launch
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd),
+           **(extra_env or {})}
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(var, None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",

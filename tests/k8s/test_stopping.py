@@ -122,7 +122,8 @@ def test_a_real_torchrun_under_the_wrapper_stops_its_workers_and_exits_75(tmp_pa
         f"pathlib.Path({str(ready)!r}).touch()\n"
         "time.sleep(120)\n")
     bindir = str(Path(sys.executable).parent)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "20"}
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "20",
+           "TMPDIR": str(tmp_path)}   # torchrun leaves a torchelastic_* folder there
     proc = _start(["torchrun", "--standalone", "--nproc_per_node=1", str(worker)], ready, env)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=90) == EXIT_STOPPED

@@ -36,7 +36,8 @@ def _plain_torchrun(cwd: Path, env: dict[str, str] | None = None) -> tuple[int, 
     (cwd / "job.yaml").write_text(spec.to_yaml())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "disttrain.worker", "--spec", "job.yaml"]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # TMPDIR: plain torchrun leaves a torchelastic_* folder in it per launch
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(cwd), **(env or {})}
     full_env.pop("DISTTRAIN_WATCHDOG", None)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,

@@ -8,6 +8,7 @@ of different lengths stop together, each eval sample counted once, buffers in sy
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -234,7 +235,8 @@ def test_fit_under_plain_torchrun(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FIT_SCRIPT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           f"--master_port={free_port()}", "train.py"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})   # torchrun's folder
     assert out.returncode == 0, out.stderr[-3000:]
     # found anywhere in a line: both ranks write to torchrun's one stdout (each rank's
     # line is one write; disttrain's own output may still end up around it)

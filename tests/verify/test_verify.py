@@ -98,7 +98,7 @@ def test_file_alone_under_torchrun_without_disttrain(tmp_path):
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('disttrain is not installed here')\n")
     env = {**os.environ, "PYTHONPATH": str(blocker.parent), "OMP_NUM_THREADS": "1",
-           verify.FAULT_ENV: "broadcast:1"}
+           verify.FAULT_ENV: "broadcast:1", "TMPDIR": str(tmp_path)}   # torchrun's folder
     env.pop("DISTTRAIN_T0", None)
     script = Path(verify_checks.__file__)
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
