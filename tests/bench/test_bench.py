@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -114,10 +115,15 @@ def test_scaling_runs_the_plain_loop_beside_in_the_same_rounds(tmp_path, monkeyp
     assert two["efficiency"] == two["plain_efficiency"] == pytest.approx(0.75)
 
 
-def test_scaling_json_shape(tmp_path):
+def test_scaling_json_shape(tmp_path, monkeypatch):
+    tmp = tmp_path / "tmp"   # both sides' torchrun leave nothing in the temp folder
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     res = CliRunner().invoke(bench, ["scaling", "--max-procs", "1", *TINY,
                                      "--run-dir", str(tmp_path / "sc")])
     assert res.exit_code == 0, res.output
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
     (row,) = _json_lines(res.output)
     assert row["nproc"] == 1 and row["workload"] == "synthetic" and row["samples_per_s"] > 0
     assert row["efficiency"] == pytest.approx(1.0) == row["plain_efficiency"]

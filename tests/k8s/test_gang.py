@@ -398,14 +398,14 @@ def test_logs_end_with_the_verdict_when_a_rank_failed_waiting(cli: Any,
         f"error: 2 of 4 ranks arrived; missing: pod ddp-node-0-1 (Pending: {UNSCHEDULABLE})")
 
 
-def test_several_nodes_meet_within_the_rendezvous_deadline() -> None:
+def test_several_nodes_meet_within_the_rendezvous_deadline(tmp_path: Path) -> None:
     """`disttrain run` on several nodes and every multi-pod render pass it to torchrun's
     own rendezvous (c10d join_timeout; 180 s unless launch.rdzv_timeout_s)."""
     from disttrain.launch.argv import torchrun_argv
     from disttrain.launch.plan import launch_config
 
     two = JobSpec.from_dict({"launch": {"nnodes": 2, "rdzv_timeout_s": 45}})
-    config = launch_config(two.launch, 1, name="x", start_method="spawn")
+    config = launch_config(two.launch, 1, name="x", start_method="spawn", scratch_dir=tmp_path)
     assert config.rdzv_backend == "c10d" and config.rdzv_configs["join_timeout"] == 45
     assert "--rdzv_conf=join_timeout=45" in torchrun_argv(two, nproc=1)
     default = JobSpec.from_dict({"launch": {"nnodes": 2}})

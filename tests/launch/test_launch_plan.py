@@ -28,26 +28,33 @@ def _spec(**overrides) -> JobSpec:
 
 
 # -- LaunchConfig ------------------------------------------------------------------------------
-def test_one_node_is_a_static_rendezvous_at_the_master():
+def test_one_node_is_a_static_rendezvous_at_the_master(tmp_path: Path):
     spec = _spec(master_port=29601, timeout_s=42.9, max_restarts=2, name="job")
-    config = LaunchPlan(spec, 3).config("forkserver")
+    config = LaunchPlan(spec, 3).config("forkserver", scratch_dir=tmp_path)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (1, 1, 3)
     assert config.rdzv_backend == "static" and config.rdzv_endpoint == "127.0.0.1:29601"
     assert config.rdzv_configs == {"rank": 0, "timeout": 42}
     assert config.max_restarts == 2 and config.start_method == "forkserver"
     assert config.monitor_interval == plan.MONITOR_INTERVAL_S
     assert config.run_id.startswith("job-") and len(config.run_id) == len("job-") + 8
-    assert config.log_line_prefix_template is None  # torch's default logs: nothing tee'd
+    assert config.log_line_prefix_template is None  # nothing tee'd
+    assert config.logs_specs.root_log_dir == str(tmp_path)   # the agent's files: the scratch
 
 
-def test_several_nodes_rendezvous_with_c10d_at_the_endpoint():
+def test_a_config_without_a_folder_for_the_agents_files_is_refused():
+    """torch's default logs spec would make a torchelastic_* folder in /tmp right away."""
+    with pytest.raises(ValueError, match="logs_dir or scratch_dir"):
+        launch_config(LaunchSpec(), 2, name="x", start_method="spawn")
+
+
+def test_several_nodes_rendezvous_with_c10d_at_the_endpoint(tmp_path: Path):
     spec = _spec(nnodes=2, master_addr="10.0.0.1", master_port=29500, rdzv_id="r1")
-    config = LaunchPlan(spec, 2).config("spawn")
+    config = LaunchPlan(spec, 2).config("spawn", scratch_dir=tmp_path)
     assert (config.min_nodes, config.max_nodes) == (2, 2) and config.rdzv_backend == "c10d"
     assert config.rdzv_endpoint == "10.0.0.1:29500" and config.run_id == "r1"
     assert config.rdzv_configs == {"timeout": 300, "join_timeout": 180}  # rdzv_timeout_s
     spec = _spec(nnodes=2, rdzv_endpoint="head:1234")
-    assert LaunchPlan(spec, 2).config("spawn").rdzv_endpoint == "head:1234"
+    assert LaunchPlan(spec, 2).config("spawn", scratch_dir=tmp_path).rdzv_endpoint == "head:1234"
 
 
 def test_script_logs_are_teed_with_rank_prefixes(tmp_path: Path):
@@ -56,10 +63,10 @@ def test_script_logs_are_teed_with_rank_prefixes(tmp_path: Path):
     assert config.logs_specs.root_log_dir == str(tmp_path)
 
 
-def test_run_ranks_config_is_the_same_builder():
+def test_run_ranks_config_is_the_same_builder(tmp_path: Path):
     """`disttrain.testing.run_ranks` builds through `launch_config` from a bare LaunchSpec."""
     config = launch_config(LaunchSpec(master_port=4321, timeout_s=120, max_restarts=1), 2,
-                           name="test", start_method="forkserver")
+                           name="test", start_method="forkserver", scratch_dir=tmp_path)
     assert config.rdzv_endpoint == "127.0.0.1:4321" and config.rdzv_backend == "static"
     assert config.rdzv_configs == {"rank": 0, "timeout": 120} and config.max_restarts == 1
     assert config.run_id.startswith("test-")

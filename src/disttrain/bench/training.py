@@ -28,6 +28,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,16 +107,18 @@ def check_bench(b: TrainBench, overhead: bool, plain_loader: str | None = None) 
                         "plain loop reads its Dataset through a DataLoader, as the Trainer does")
 
 
-def _env(threads: int) -> dict[str, str]:
+def _env(threads: int, tmpdir: str | None = None) -> dict[str, str]:
     env = {**os.environ, envvars.OMP_NUM_THREADS: str(threads), envvars.PYTHONUNBUFFERED: "1"}
     env.pop(envvars.T0, None)  # the child command marks its own start
+    if tmpdir is not None:
+        env["TMPDIR"] = tmpdir
     return env
 
 
-def _run(argv: list[str], threads: int, timeout_s: float) -> float:
+def _run(argv: list[str], threads: int, timeout_s: float, tmpdir: str | None = None) -> float:
     t0 = time.perf_counter()
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, env=_env(threads),
+        res = subprocess.run(argv, capture_output=True, text=True, env=_env(threads, tmpdir),
                              timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise BenchError(f"{' '.join(argv[:6])} ... did not finish in {timeout_s:g} s") from None
@@ -228,8 +231,10 @@ def plain_argv(b: TrainBench, nproc: int, script: Path, out: Path, loader: str) 
 
 def run_plain(b: TrainBench, nproc: int, script: Path, out: Path,
               loader: str = "dataloader") -> dict[str, Any]:
-    """One `torchrun plain_ddp.py`; the figures it wrote to `out`."""
-    wall = _run(plain_argv(b, nproc, script, out, loader), b.threads, b.timeout_s)
+    """One `torchrun plain_ddp.py`; the figures it wrote to `out`. Its TMPDIR is a folder
+    removed afterwards: plain torchrun leaves a torchelastic_* folder there per launch."""
+    with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as tmp:
+        wall = _run(plain_argv(b, nproc, script, out, loader), b.threads, b.timeout_s, tmp)
     res = json.loads(out.read_text())
     res["wall_s"] = wall
     return res

@@ -2,9 +2,11 @@
 
     plan = make_plan(spec)                    # nproc resolved, a free master port chosen
     os.environ.update(plan.env)               # OMP_NUM_THREADS, the start-up clock
-    config = plan.config("forkserver")        # torch's LaunchConfig for elastic_launch
+    with agent_scratch() as scratch:          # torch's LaunchConfig for elastic_launch
+        config = plan.config("forkserver", scratch_dir=scratch)
 
-    config = launch_config(LaunchSpec(master_port=port), 2, name="test", start_method="forkserver")
+    config = launch_config(LaunchSpec(master_port=port), 2, name="test", start_method="forkserver",
+                           scratch_dir=scratch)
 
 `disttrain run`, `disttrain verify`, the benchmarks and `disttrain.testing.run_ranks` all
 build torch's `LaunchConfig` with `launch_config`, so they rendezvous the same way: static
@@ -108,7 +110,13 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
         logs_dir: where torch tees each worker's output (user scripts), lines prefixed
             `[rank<N>]:`; None leaves the workers' output as it is.
         scratch_dir: without `logs_dir`, where torch's agent keeps its per-attempt folders
-            (the workers' error files): a folder the caller removes afterwards.
+            (the workers' error files): a folder the caller removes afterwards
+            (`launch.agent_scratch`). One of the two is needed: torch's default logs spec
+            makes a torchelastic_* folder in /tmp as the config is made, and leaves it.
+
+    Raises:
+        ValueError: neither `logs_dir` nor `scratch_dir` (a caller's mistake).
+        LaunchError: this torch has no launcher disttrain can drive.
 
     Returns:
         A static rendezvous at master_addr:master_port on one node (rank 0: no store to
@@ -122,6 +130,8 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
         require("launcher")  # `logs_specs` below; a pod's plain torchrun needs none of this
     except TorchVersionError as exc:
         raise LaunchError(str(exc)) from None
+    if logs_dir is None and scratch_dir is None:
+        raise ValueError("launch_config needs logs_dir or scratch_dir (launch.agent_scratch)")
     if launch.nnodes == 1:
         rdzv_backend, endpoint = "static", f"{launch.master_addr}:{launch.master_port}"
         configs: dict[str, Any] = {"rank": 0, "timeout": int(launch.timeout_s)}
@@ -135,8 +145,7 @@ def launch_config(launch: LaunchSpec, nproc: int, *, name: str, start_method: st
     if logs_dir is not None:
         logs_specs = DefaultLogsSpecs(log_dir=str(logs_dir), redirects=Std.NONE, tee=Std.ALL)
     else:   # torch's default would mkdtemp a torchelastic_* folder in /tmp per launch, kept
-        logs_specs = DefaultLogsSpecs(log_dir=str(scratch_dir), redirects=Std.NONE, tee=Std.NONE) \
-            if scratch_dir is not None else None
+        logs_specs = DefaultLogsSpecs(log_dir=str(scratch_dir), redirects=Std.NONE, tee=Std.NONE)
     return LaunchConfig(
         min_nodes=launch.nnodes, max_nodes=launch.nnodes, nproc_per_node=nproc,
         run_id=launch.rdzv_id or f"{name}-{uuid.uuid4().hex[:8]}",
