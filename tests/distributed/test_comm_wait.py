@@ -1,6 +1,7 @@
 """The comm hook's waiting strategy (distributed/comm_wait.py): the cgroup CPU quota is read
 from v2 and v1 files, and the rank polls only with a core to spare for each local rank's
-threads and a probe that finds one free; `DISTTRAIN_COMM_WAIT` forces either side."""
+threads and a probe that finds one free; `DISTTRAIN_COMM_WAIT` forces either side; where the
+CPUs allow polling, `WaitTuner` tries both ways on the job's steps and keeps the faster."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from disttrain import envvars
 from disttrain.distributed.comm_hooks import CommStats
 from disttrain.distributed.comm_wait import (
     FREE_SHARE,
+    WaitChoice,
+    WaitTuner,
     cgroup_cpu_limit,
     choose_wait,
     free_core_share,
@@ -87,3 +90,66 @@ def test_the_choice_lands_in_the_summary():
     stats = CommStats(wait="block: 1 CPUs for 2 ranks x 1 thread: no core to spare")
     assert stats.summary()["comm_wait"].startswith("block: ")
     assert "comm_wait" not in CommStats().summary()
+
+
+# -- WaitTuner: both ways measured on the job's own steps -----------------------------------
+def _drive(tuner: WaitTuner, steps: int, poll_s: float, block_s: float) -> list[bool]:
+    """Call the tuner at each step's last bucket, with a clock that advances by the step
+    time of the way the previous step waited; returns the way of each step."""
+    now, ways = 100.0, []
+    for _ in range(steps):
+        way = tuner.poll_now(now)
+        ways.append(way)
+        now += poll_s if way else block_s
+    return ways
+
+
+def _tuner(first_poll: bool) -> WaitTuner:
+    first = WaitChoice(first_poll, "2 CPUs for 2 ranks x 1 thread, probe 1.00", tunable=True)
+    return WaitTuner(first, settle=2, trial=3, cycle=20)
+
+
+def test_the_tuner_tries_both_ways_on_schedule_then_keeps_the_faster():
+    ways = _drive(_tuner(True), 40, poll_s=0.004, block_s=0.005)
+    assert ways[:2] == [True, True]                    # settling: the first choice
+    assert ways[2:8] == [True] * 3 + [False] * 3      # the trial: 3 polled, 3 blocked
+    assert ways[8:22] == [True] * 14                   # polling was faster: kept
+    assert ways[22:28] == [True] * 3 + [False] * 3     # the next trial, one cycle later
+    assert ways[28:] == [True] * 12
+
+
+def test_a_wrong_first_choice_is_undone_by_the_first_trial():
+    """The fault: the set-up probe read a free core (poll), but beside busy processes a
+    polled step is twice as slow as a blocked one."""
+    tuner = _tuner(True)
+    ways = _drive(tuner, 30, poll_s=0.010, block_s=0.005)
+    assert ways[8:22] == [False] * 14 and ways[28:] == [False] * 2
+    assert tuner.last_trial == pytest.approx((0.010, 0.005)) and tuner.chosen is False
+    assert tuner.polled == 2 + 3 + 3                   # settling and the two trials only
+    assert tuner.describe() == (
+        "block: tuned, 8 of 30 steps polled (last trial: 10.00 ms per step polling, 5.00 "
+        "blocking); at first poll: 2 CPUs for 2 ranks x 1 thread, probe 1.00")
+
+
+def test_the_load_going_away_brings_polling_back_at_the_next_trial():
+    tuner = _tuner(False)
+    assert _drive(tuner, 10, poll_s=0.010, block_s=0.005)[8:] == [False, False]
+    now = 1000.0
+    ways = []
+    for _ in range(30):   # the busy processes ended: polling is now the faster way
+        way = tuner.poll_now(now)
+        ways.append(way)
+        now += 0.004 if way else 0.005
+    assert ways[-8:] == [True] * 8 and tuner.chosen is True
+
+
+def test_only_a_choice_the_cpus_allow_is_tuned_and_the_summary_says_how():
+    env: dict[str, str] = {}
+    assert choose_wait(2, 1, env, cpus=2.0, share=1.0).tunable
+    assert choose_wait(2, 1, env, cpus=2.0, share=0.5).tunable        # a probe can be wrong
+    assert not choose_wait(2, 1, env, cpus=1.5, share=1.0).tunable    # no core to spare
+    assert not choose_wait(2, 1, {envvars.COMM_WAIT: "poll"}).tunable   # forced: as asked
+    tuner = _tuner(False)
+    _drive(tuner, 4, 0.004, 0.005)
+    stats = CommStats(wait="block: ...", tuner=tuner)
+    assert stats.summary()["comm_wait"].startswith("block: tuned, 2 of 4 steps polled; at first")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from disttrain.distributed.comm_wait import choose_wait, local_ranks_here
+from disttrain.distributed.comm_wait import WaitTuner, choose_wait, local_ranks_here
 from disttrain.errors import StrategyError
 from disttrain.spec.fields import COMM_HOOKS
 
@@ -50,6 +51,7 @@ class CommStats:
     total_hook_calls: int = 0
     steps: int = 0
     wait: str | None = None    # how the step's last all-reduce is awaited (comm_wait.WaitChoice)
+    tuner: WaitTuner | None = field(default=None, repr=False, compare=False)   # when it is tuned
     _inflight: int = field(default=0, repr=False)
     # Called when the hook gets a step's last bucket: all gradients are ready, so the
     # rest of backward is the wait for the all-reduce (train/step_timing.py splits there).
@@ -72,7 +74,9 @@ class CommStats:
         out: dict[str, Any] = {
             "allreduce_bytes_per_step": self.last_bytes, "allreduce_calls_per_step": self.last_calls,
             "allreduce_bytes_mean": round(self.total_bytes / self.steps) if self.steps else 0}
-        if self.wait is not None:
+        if self.tuner is not None:
+            out["comm_wait"] = self.tuner.describe()
+        elif self.wait is not None:
             out["comm_wait"] = self.wait
         return out
 
@@ -105,8 +109,10 @@ def counting(hook: Callable[[Any, Any], torch.futures.Future], stats: CommStats,
     """Wrap a DDP comm hook so `stats` sees every bucket and every byte it all-reduces.
 
     With `poll_last`, the hook of the step's last bucket waits for its all-reduce by
-    polling with sched_yield() instead of letting DDP block on it (see `yield_until_done`).
+    polling with sched_yield() instead of letting DDP block on it (see `yield_until_done`);
+    with a `stats.tuner` as well, only in the steps the tuner says to poll.
     """
+    tuner = stats.tuner if poll_last else None
     _install_counter()
 
     def leave() -> None:
@@ -135,7 +141,7 @@ def counting(hook: Callable[[Any, Any], torch.futures.Future], stats: CommStats,
             leave()
             raise
         result = fut.then(done)
-        if poll_last and last:
+        if last and (tuner.poll_now(time.perf_counter()) if tuner is not None else poll_last):
             yield_until_done(result)
         return result
 
@@ -154,7 +160,8 @@ def yield_until_done(fut: torch.futures.Future) -> None:
     wake-up. Polling happens only for the last bucket of a step, when backward has no
     compute left to overlap and the thread would block right after anyway; only for gloo
     (CPU): NCCL's waits are on CUDA streams; and only when a core is free for it
-    (`comm_wait.choose_wait`: under CPU contention it loses to blocking).
+    (`comm_wait.choose_wait`, then `comm_wait.WaitTuner` from the step times: under CPU
+    contention it loses to blocking).
     """
     while not fut.done():
         os.sched_yield()
@@ -178,7 +185,8 @@ def register_comm_hook(model: Any, name: str, total_steps: int = 1000, rank: int
         process_group: the group to reduce over (default: the whole world).
         poll: the backend allows waiting for the step's last all-reduce with
             `yield_until_done` (gloo on CPU); whether it does is `comm_wait.choose_wait`'s
-            call, made here once from the CPUs this rank may use and how busy they are.
+            call, made here from the CPUs this rank may use and how busy they are, and
+            then, where they allow polling, `comm_wait.WaitTuner`'s from the step times.
 
     Returns:
         The CommStats that counts what the hook sends.
@@ -204,6 +212,7 @@ def register_comm_hook(model: Any, name: str, total_steps: int = 1000, rank: int
         raise StrategyError(f"unknown comm_hook {name!r}; choose one of {', '.join(COMM_HOOKS)}")
     if poll:
         choice = choose_wait(local_ranks_here(), torch.get_num_threads())
-        poll, stats.wait = choice.poll, choice.describe()
+        poll, stats.wait = choice.poll or choice.tunable, choice.describe()
+        stats.tuner = WaitTuner(choice) if choice.tunable else None
     model.register_comm_hook(state, counting(hook, stats, poll_last=poll))
     return stats

@@ -17,14 +17,25 @@ rank as soon as its data arrives. So the rank polls only when all of these hold,
 - a short probe finds a core free now: spinning for `PROBE_S`, the thread gets at least
   `FREE_SHARE` of the wall time (about 1.0 when a core is free, 0.5 with one other runnable
   task per core). The load average would say the same a minute late.
+
+That first choice can be wrong, and the load can change while the job runs: a probe at set-up
+once read 1.00 beside two busy processes (the peer rank was still idle then), and that round
+of `bench overhead --contend 2` ran at 0.74x the plain loop. So where polling is allowed at
+all, `WaitTuner` then measures both ways on the job's own steps and keeps the faster: every
+`CYCLE_STEPS` optimizer steps it polls for `TRIAL_STEPS` steps and blocks for as many, and
+uses the one with the shorter median step until the next trial. Every rank counts the same
+steps, so the ranks try each way together. What the process's CPU share while it polls says
+was measured and does not tell the two cases apart: about 1.0 both on a quiet machine and
+beside two busy processes (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from disttrain import envvars
@@ -32,6 +43,9 @@ from disttrain.distributed.process import usable_cores
 
 PROBE_S = 0.05
 FREE_SHARE = 0.85
+SETTLE_STEPS = 5      # steps before the first trial (the first ones hold the set-up)
+TRIAL_STEPS = 16      # steps of each way per trial
+CYCLE_STEPS = 256     # a trial of both ways starts this often
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -41,6 +55,7 @@ class WaitChoice:
 
     poll: bool
     reason: str
+    tunable: bool = False   # the CPUs allow polling: `WaitTuner` may measure both ways
 
     def describe(self) -> str:
         return f"{'poll' if self.poll else 'block'}: {self.reason}"
@@ -133,8 +148,9 @@ def choose_wait(local_ranks: int, threads: int, environ: dict[str, str] | None =
         return WaitChoice(False, f"{have}: no core to spare")
     share = free_core_share() if share is None else share
     if share < FREE_SHARE:
-        return WaitChoice(False, f"{have}, but other processes want them (probe {share:.2f})")
-    return WaitChoice(True, f"{have}, probe {share:.2f}")
+        return WaitChoice(False, f"{have}, but other processes want them (probe {share:.2f})",
+                          tunable=True)
+    return WaitChoice(True, f"{have}, probe {share:.2f}", tunable=True)
 
 
 def local_ranks_here() -> int:
@@ -142,3 +158,62 @@ def local_ranks_here() -> int:
     from disttrain.distributed.env import read_env
 
     return read_env(os.environ).local_world_size
+
+
+@dataclass
+class WaitTuner:
+    """Poll or block for each step's last all-reduce, from the job's own step times.
+
+        tuner = WaitTuner(first=choice)    # choose_wait's choice, used until the first trial
+        if tuner.poll_now(time.perf_counter()):   # at each step's last bucket
+            yield_until_done(fut)
+
+    A step's time is the wall time from one step's last bucket to the next; it is booked
+    to the way the first of them waited. Trials run at steps SETTLE_STEPS + k * CYCLE_STEPS:
+    TRIAL_STEPS steps polling, TRIAL_STEPS blocking, then the way with the shorter median
+    step is kept until the next trial.
+    """
+
+    first: WaitChoice
+    settle: int = SETTLE_STEPS
+    trial: int = TRIAL_STEPS
+    cycle: int = CYCLE_STEPS
+    steps: int = 0
+    polled: int = 0
+    chosen: bool | None = None    # the last trial's winner (None: no trial ended yet)
+    last_trial: tuple[float, float] | None = None   # (poll, block) median step, seconds
+    _prev: tuple[float, bool] | None = field(default=None, repr=False)
+    _times: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []},
+                                            repr=False)
+
+    def poll_now(self, now: float) -> bool:
+        """Called once per step at its last bucket: whether this step's wait polls."""
+        if self._prev is not None:
+            since, way = self._prev
+            if self._in_trial(self.steps - 1):
+                self._times[way].append(now - since)
+        pos = (self.steps - self.settle) % self.cycle if self.steps >= self.settle else None
+        if pos == 2 * self.trial and self._times[True] and self._times[False]:
+            poll_s, block_s = (statistics.median(self._times[w]) for w in (True, False))
+            self.chosen, self.last_trial = poll_s <= block_s, (poll_s, block_s)
+            self._times = {True: [], False: []}
+        if pos is not None and pos < 2 * self.trial:
+            way = pos < self.trial
+        else:
+            way = self.first.poll if self.chosen is None else self.chosen
+        self._prev = (now, way)
+        self.steps += 1
+        self.polled += way
+        return way
+
+    def _in_trial(self, step: int) -> bool:
+        return step >= self.settle and (step - self.settle) % self.cycle < 2 * self.trial
+
+    def describe(self) -> str:
+        """summary.json's `comm_wait`: the way most steps took, then the evidence."""
+        most = "poll" if 2 * self.polled > self.steps else "block"
+        text = f"{most}: tuned, {self.polled} of {self.steps} steps polled"
+        if self.last_trial is not None:
+            poll_s, block_s = self.last_trial
+            text += f" (last trial: {poll_s * 1e3:.2f} ms per step polling, {block_s * 1e3:.2f} blocking)"
+        return f"{text}; at first {self.first.describe()}"
