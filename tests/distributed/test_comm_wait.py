@@ -106,16 +106,17 @@ def _drive(tuner: WaitTuner, steps: int, poll_s: float, block_s: float) -> list[
 
 def _tuner(first_poll: bool) -> WaitTuner:
     first = WaitChoice(first_poll, "2 CPUs for 2 ranks x 1 thread, probe 1.00", tunable=True)
-    return WaitTuner(first, settle=2, trial=3, cycle=20)
+    return WaitTuner(first, settle=2, trial=3, gap=20, max_gap=40)
 
 
 def test_the_tuner_tries_both_ways_on_schedule_then_keeps_the_faster():
-    ways = _drive(_tuner(True), 40, poll_s=0.004, block_s=0.005)
+    ways = _drive(_tuner(True), 110, poll_s=0.004, block_s=0.005)
     assert ways[:2] == [True, True]                    # settling: the first choice
-    assert ways[2:8] == [True] * 3 + [False] * 3      # the trial: 3 polled, 3 blocked
-    assert ways[8:22] == [True] * 14                   # polling was faster: kept
-    assert ways[22:28] == [True] * 3 + [False] * 3     # the next trial, one cycle later
-    assert ways[28:] == [True] * 12
+    trials = [2, 22, 62, 102]                          # gaps 20, 40, then 40 (the cap)
+    for start in trials:                               # 3 polled, 3 blocked, in turn
+        assert ways[start:start + 6] == [True, False] * 3, start
+    kept = [w for i, w in enumerate(ways[2:], 2) if not any(s <= i < s + 6 for s in trials)]
+    assert kept == [True] * len(kept)                  # polling was faster: kept between
 
 
 def test_a_wrong_first_choice_is_undone_by_the_first_trial():
@@ -123,6 +124,7 @@ def test_a_wrong_first_choice_is_undone_by_the_first_trial():
     polled step is twice as slow as a blocked one."""
     tuner = _tuner(True)
     ways = _drive(tuner, 30, poll_s=0.010, block_s=0.005)
+    assert ways[2:8] == [True, False] * 3
     assert ways[8:22] == [False] * 14 and ways[28:] == [False] * 2
     assert tuner.last_trial == pytest.approx((0.010, 0.005)) and tuner.chosen is False
     assert tuner.polled == 2 + 3 + 3                   # settling and the two trials only
@@ -152,4 +154,13 @@ def test_only_a_choice_the_cpus_allow_is_tuned_and_the_summary_says_how():
     tuner = _tuner(False)
     _drive(tuner, 4, 0.004, 0.005)
     stats = CommStats(wait="block: ...", tuner=tuner)
-    assert stats.summary()["comm_wait"].startswith("block: tuned, 2 of 4 steps polled; at first")
+    assert stats.summary()["comm_wait"].startswith("block: tuned, 1 of 4 steps polled; at first")
+
+
+def test_polling_must_win_by_the_margin():
+    """A wrong poll beside busy processes costs far more than a wrong block on a free core,
+    so a poll that is only a little faster in the trial is not kept."""
+    near = _tuner(True)
+    assert _drive(near, 12, poll_s=0.0049, block_s=0.005)[8:] == [False] * 4
+    clear = _tuner(False)
+    assert _drive(clear, 12, poll_s=0.0045, block_s=0.005)[8:] == [True] * 4

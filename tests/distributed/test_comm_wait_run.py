@@ -58,6 +58,6 @@ def test_the_ranks_try_both_ways_together_and_stay_in_sync():
     assert len(ways0) == STEPS and " tuned, " in (wait0 or ""), wait0
     first = SETTLE_STEPS
     for ways in (ways0, ways1):       # the first trial, in the same steps on both ranks
-        assert ways[first:first + 2 * TRIAL_STEPS] == [True] * TRIAL_STEPS + [False] * TRIAL_STEPS
+        assert ways[first:first + 2 * TRIAL_STEPS] == [True, False] * TRIAL_STEPS
     assert ways0[first + 2 * TRIAL_STEPS:] == [ways0[-1]] * 4   # then one way, kept
     assert "last trial: " in (wait0 or "") and "last trial: " in (wait1 or "")

@@ -21,12 +21,20 @@ rank as soon as its data arrives. So the rank polls only when all of these hold,
 That first choice can be wrong, and the load can change while the job runs: a probe at set-up
 once read 1.00 beside two busy processes (the peer rank was still idle then), and that round
 of `bench overhead --contend 2` ran at 0.74x the plain loop. So where polling is allowed at
-all, `WaitTuner` then measures both ways on the job's own steps and keeps the faster: every
-`CYCLE_STEPS` optimizer steps it polls for `TRIAL_STEPS` steps and blocks for as many, and
-uses the one with the shorter median step until the next trial. Every rank counts the same
-steps, so the ranks try each way together. What the process's CPU share while it polls says
-was measured and does not tell the two cases apart: about 1.0 both on a quiet machine and
-beside two busy processes (docs/performance.md).
+all, `WaitTuner` then measures both ways on the job's own steps: from step `SETTLE_STEPS` it
+polls and blocks in turn, `TRIAL_STEPS` steps each (in turn, because a block of polled steps
+then a block of blocked ones once measured polling faster beside busy processes: the steps
+drift), and polls until the next trial only if
+its median step is `POLL_MARGIN` of blocking's or shorter. The margin is there because the
+two mistakes do not cost the same: a wrong poll beside busy processes makes steps twice as
+long, a wrong block on a free core 5-12 % longer; 8 steps a side once chose polling there.
+The gap to the next trial doubles each time, from `FIRST_GAP_STEPS` to `MAX_GAP_STEPS`, so
+the slower way's steps in a trial cost at most `TRIAL_STEPS / gap` of the steps at that way's
+price (16 polled steps in every 256 cost ~5 % beside busy processes; 12 in 512 at most 2.3 %,
+then less). The schedule depends on the step count only, so the ranks try each way in the
+same steps. The process's CPU share while it polls was measured and does not tell the two
+cases apart: about 1.0 both on a quiet machine and beside two busy processes
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -43,9 +51,11 @@ from disttrain.distributed.process import usable_cores
 
 PROBE_S = 0.05
 FREE_SHARE = 0.85
-SETTLE_STEPS = 5      # steps before the first trial (the first ones hold the set-up)
-TRIAL_STEPS = 16      # steps of each way per trial
-CYCLE_STEPS = 256     # a trial of both ways starts this often
+SETTLE_STEPS = 5         # steps before the first trial (the first ones hold the set-up)
+TRIAL_STEPS = 12         # steps of each way per trial
+POLL_MARGIN = 0.95       # poll only when its median step is this much shorter, or more
+FIRST_GAP_STEPS = 512    # from the first trial's start to the second's; doubles after each
+MAX_GAP_STEPS = 8192     # at most this far apart
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -169,45 +179,55 @@ class WaitTuner:
             yield_until_done(fut)
 
     A step's time is the wall time from one step's last bucket to the next; it is booked
-    to the way the first of them waited. Trials run at steps SETTLE_STEPS + k * CYCLE_STEPS:
-    TRIAL_STEPS steps polling, TRIAL_STEPS blocking, then the way with the shorter median
-    step is kept until the next trial.
+    to the way the first of them waited. A trial is `2 * trial` steps polling and blocking
+    in turn; then polling is kept until the next trial if its median step is at most
+    `margin` times blocking's, else blocking (the costs are not even: polling beside busy
+    processes took twice as long per step, blocking on a free core 5-12 % longer). The
+    first trial starts at step `settle`, the next `gap` steps after it, and each gap is
+    twice the one before, up to `max_gap`.
     """
 
     first: WaitChoice
     settle: int = SETTLE_STEPS
     trial: int = TRIAL_STEPS
-    cycle: int = CYCLE_STEPS
+    gap: int = FIRST_GAP_STEPS
+    max_gap: int = MAX_GAP_STEPS
+    margin: float = POLL_MARGIN
     steps: int = 0
     polled: int = 0
     chosen: bool | None = None    # the last trial's winner (None: no trial ended yet)
     last_trial: tuple[float, float] | None = None   # (poll, block) median step, seconds
-    _prev: tuple[float, bool] | None = field(default=None, repr=False)
+    _start: int = field(default=-1, repr=False)     # this or the next trial's first step
+    _prev: tuple[float, bool, bool] | None = field(default=None, repr=False)
     _times: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []},
                                             repr=False)
 
+    def __post_init__(self) -> None:
+        self._start = self.settle
+
     def poll_now(self, now: float) -> bool:
         """Called once per step at its last bucket: whether this step's wait polls."""
-        if self._prev is not None:
-            since, way = self._prev
-            if self._in_trial(self.steps - 1):
-                self._times[way].append(now - since)
-        pos = (self.steps - self.settle) % self.cycle if self.steps >= self.settle else None
-        if pos == 2 * self.trial and self._times[True] and self._times[False]:
-            poll_s, block_s = (statistics.median(self._times[w]) for w in (True, False))
-            self.chosen, self.last_trial = poll_s <= block_s, (poll_s, block_s)
+        if self._prev is not None and self._prev[2]:    # the step before was a trial's
+            since, way, _ = self._prev
+            self._times[way].append(now - since)
+        if self.steps - self._start == 2 * self.trial:  # a trial just ended
+            if self._times[True] and self._times[False]:
+                poll_s, block_s = (statistics.median(self._times[w]) for w in (True, False))
+                self.chosen = poll_s <= self.margin * block_s
+                self.last_trial = (poll_s, block_s)
             self._times = {True: [], False: []}
-        if pos is not None and pos < 2 * self.trial:
-            way = pos < self.trial
+            self._start += self.gap
+            self.gap = min(2 * self.gap, self.max_gap)
+        pos = self.steps - self._start
+        in_trial = 0 <= pos < 2 * self.trial
+        if in_trial:   # alternating, so a drift over the trial's steps favours neither
+            way = pos % 2 == 0
         else:
             way = self.first.poll if self.chosen is None else self.chosen
-        self._prev = (now, way)
+        self._prev = (now, way, in_trial)
         self.steps += 1
         self.polled += way
         return way
-
-    def _in_trial(self, step: int) -> bool:
-        return step >= self.settle and (step - self.settle) % self.cycle < 2 * self.trial
 
     def describe(self) -> str:
         """summary.json's `comm_wait`: the way most steps took, then the evidence."""
