@@ -161,12 +161,15 @@ def _program(argv: tuple[str, ...]) -> list[str]:
 
 def _process_env(pod: LocalPod, mapping: dict[str, str], tmp: Path) -> dict[str, str]:
     """A clean env: a few basics (no proxies), `tmp` as TMPDIR (the container's own /tmp:
-    what torchrun and the ranks leave there goes with the pod), the pod's env, disttrain
-    importable."""
+    what torchrun and the ranks leave there goes with the pod), `DISTTRAIN_COMM_WAIT` when
+    set here, the pod's env, disttrain importable."""
     import disttrain
 
     env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
     env["TMPDIR"] = str(tmp)
+    # the A/B switch of the all-reduce wait (docs/performance.md) reaches the pods too
+    if envvars.COMM_WAIT in os.environ:
+        env[envvars.COMM_WAIT] = os.environ[envvars.COMM_WAIT]
     src = str(Path(disttrain.__file__).resolve().parents[1])
     env[envvars.PYTHONPATH] = os.pathsep.join(p for p in (src, os.environ.get(envvars.PYTHONPATH)) if p)
     env |= {k: map_path(v, mapping) for k, v in pod.env.items()}
