@@ -161,7 +161,7 @@ def _program(argv: tuple[str, ...]) -> list[str]:
 
 def _process_env(pod: LocalPod, mapping: dict[str, str], tmp: Path) -> dict[str, str]:
     """A clean env: a few basics (no proxies), `tmp` as TMPDIR (the container's own /tmp:
-    what torchrun and the ranks leave there goes with the pod), `DISTTRAIN_COMM_WAIT` when
+    what torchrun and the ranks leave there goes with the pod), `envvars.COMM_WAIT` when
     set here, the pod's env, disttrain importable."""
     import disttrain
 
