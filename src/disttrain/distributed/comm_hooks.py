@@ -110,9 +110,9 @@ def counting(hook: Callable[[Any, Any], torch.futures.Future], stats: CommStats,
 
     With `poll_last`, the hook of the step's last bucket waits for its all-reduce by
     polling with sched_yield() instead of letting DDP block on it (see `yield_until_done`);
-    with a `stats.tuner` as well, only in the steps the tuner says to poll.
+    with a `stats.tuner`, in the steps the tuner says to poll instead.
     """
-    tuner = stats.tuner if poll_last else None
+    tuner = stats.tuner
     _install_counter()
 
     def leave() -> None:
@@ -212,7 +212,7 @@ def register_comm_hook(model: Any, name: str, total_steps: int = 1000, rank: int
         raise StrategyError(f"unknown comm_hook {name!r}; choose one of {', '.join(COMM_HOOKS)}")
     if poll:
         choice = choose_wait(local_ranks_here(), torch.get_num_threads())
-        poll, stats.wait = choice.poll or choice.tunable, choice.describe()
+        poll, stats.wait = choice.poll, choice.describe()
         stats.tuner = WaitTuner(choice) if choice.tunable else None
     model.register_comm_hook(state, counting(hook, stats, poll_last=poll))
     return stats

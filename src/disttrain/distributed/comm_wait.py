@@ -197,8 +197,8 @@ class WaitTuner:
     polled: int = 0
     chosen: bool | None = None    # the last trial's winner (None: no trial ended yet)
     last_trial: tuple[float, float] | None = None   # (poll, block) median step, seconds
-    _start: int = field(default=-1, repr=False)     # this or the next trial's first step
-    _prev: tuple[float, bool, bool] | None = field(default=None, repr=False)
+    _start: int = field(init=False, repr=False)     # this or the next trial's first step
+    _trial_step: tuple[float, bool] | None = field(default=None, repr=False)  # (at, way)
     _times: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []},
                                             repr=False)
 
@@ -207,8 +207,8 @@ class WaitTuner:
 
     def poll_now(self, now: float) -> bool:
         """Called once per step at its last bucket: whether this step's wait polls."""
-        if self._prev is not None and self._prev[2]:    # the step before was a trial's
-            since, way, _ = self._prev
+        if self._trial_step is not None:    # the step before was a trial's: book its time
+            since, way = self._trial_step
             self._times[way].append(now - since)
         if self.steps - self._start == 2 * self.trial:  # a trial just ended
             if self._times[True] and self._times[False]:
@@ -224,7 +224,7 @@ class WaitTuner:
             way = pos % 2 == 0
         else:
             way = self.first.poll if self.chosen is None else self.chosen
-        self._prev = (now, way, in_trial)
+        self._trial_step = (now, way) if in_trial else None
         self.steps += 1
         self.polled += way
         return way
