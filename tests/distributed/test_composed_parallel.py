@@ -9,9 +9,9 @@ Every run is the CLI in a subprocess: a tiny chargpt (2 blocks of 4 heads, 16-ch
 windows), 30 SGD steps, a checkpoint every 10 (the step-30 .pt holds the consolidated
 weights: full tensors gathered from the shards, where the fused qkv rows must be in the
 model's order). The one-process run is the session's (tests/distributed/conftest.py, shared
-with test_parallel_trainer.py). The five runs start together: each spends most of its wall
-time starting, not computing (~4 s of CPU in 16-25 s of wall time here), so together they
-take less than one after another (measured on 2 busy cores).
+with test_parallel_trainer.py). The five runs go one after another: five at once (20 ranks
+on 2 cores) cost more CPU for the same work and took no less time (this file alone: 102
+CPU-s in 57 s five at once, 84 CPU-s in 56 s one after another).
 Tolerance against one process: rtol 1e-4, atol 5e-5 (fp32; the data-parallel average and
 tp's all-reduces sum in another order; measured over the 30 steps: losses within 1.9e-6,
 parameters within 3.9e-6). The logged loss of a step is each data slice's own mean; their mean over the ranks
@@ -52,42 +52,51 @@ RUNS: dict[str, tuple[str, ...]] = {
 FAULTS = {"fsdp+tp killed": "kill:rank=1:step=15", "ddp+pp killed": "kill:rank=2:step=15"}
 
 
+def _slug(name: str) -> str:
+    return name.replace(" ", "-").replace("+", "-")
+
+
 def _start(base: Path, name: str, flags: tuple[str, ...]) -> subprocess.Popen:
+    """`disttrain run` of one of RUNS into base/<slug>, its output into base/<slug>.log."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("DISTTRAIN_T0", None)
     if name in FAULTS:
         env["DISTTRAIN_FAULT"] = FAULTS[name]
-    run_dir = name.replace(" ", "-").replace("+", "-")
-    return subprocess.Popen([*DISTTRAIN, *JOB, *flags, "--run-dir", run_dir], cwd=base, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    with open(base / f"{_slug(name)}.log", "w") as log:
+        return subprocess.Popen([*DISTTRAIN, *JOB, *flags, "--run-dir", _slug(name)], cwd=base,
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Path]:
-    """Every run of RUNS, started together, and the session's one-process run ("one");
-    {name: run dir}. The session's run is asked for once these have started: another
+    """Every run of RUNS, one after another, and the session's one-process run ("one");
+    {name: run dir}. The session's run is asked for once the first has started: another
     pytest-xdist worker may be making it, and this file's runs need not wait for it."""
     base = tmp_path_factory.mktemp("composed")
-    procs = {name: _start(base, name, flags) for name, flags in RUNS.items()}
-    outs: dict[str, str] = {}
+    procs: dict[str, subprocess.Popen] = {}
+    one: Path | None = None
     try:
-        one = request.getfixturevalue("chargpt_one_process")
-        for name, proc in procs.items():
-            outs[name] = proc.communicate(timeout=600)[0]
+        for name, flags in RUNS.items():
+            procs[name] = _start(base, name, flags)
+            if one is None:
+                one = request.getfixturevalue("chargpt_one_process")
+            procs[name].wait(timeout=420)
     finally:
         for proc in procs.values():   # only what this fixture started, on a timeout or error
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+    outs = {name: (base / f"{_slug(name)}.log").read_text() for name in procs}
     for name, proc in procs.items():
         assert proc.returncode == 0, f"{name}:\n{outs[name][-4000:]}"
     for name in FAULTS:
         killed = outs[name]
         assert "disttrain fault injection" in killed, f"{name}: the fault never fired"
         assert "resumed from" in killed and "ckpt-00000010" in killed, killed[-4000:]
+    assert one is not None
     return {"one": one,
-            **{name: base / name.replace(" ", "-").replace("+", "-") for name in RUNS}}
+            **{name: base / _slug(name) for name in RUNS}}
 
 
 def _losses(run: Path) -> dict[int, dict[int, float]]:
