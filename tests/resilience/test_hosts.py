@@ -4,6 +4,13 @@ Each test starts a 2-pod Indexed Job (one rank per pod, gloo) in network namespa
 for a checkpoint, then does to one host what a cluster does (docs/resilience.md, "Hosts
 lost and partitions"): SIGKILL every process of its namespace (`netns.lose_host`), or set
 its switch port down (`netns.set_link`). Needs root and `ip netns`; skipped otherwise.
+
+The faulted jobs are paced (PACED: rank 0 gets each batch 100 ms late, the `slow-data`
+fault, through the pods' env), so that the fault meets them mid-training on any machine:
+unpaced, the 23 steps of SimpleNet ran past checkpoint 10 and ended within one 0.1 s poll
+for it once the pods' OpenMP threads stopped spin-waiting (checkpoint 10 lives until
+checkpoint 20 replaces it). Pacing delays batches and changes no value: the blip's run still
+ends bitwise equal to the unpaced reference.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), nee
               pytest.mark.usefixtures("no_stray_workers")]
 
 TIMEOUT_S = TWO_HOST_TIMEOUT_S
+PACED = ("--env", json.dumps({"DISTTRAIN_FAULT": "slow-data:rank=0:ms=100"}))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,7 @@ def reference(two_host_reference: Path) -> str:
 
 def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
                                                                  reference: str) -> None:
-    job = TwoHostJob(tmp_path, "--max-restarts", "1")
+    job = TwoHostJob(tmp_path, *PACED, "--max-restarts", "1")
     job.wait_for_checkpoint(10)
     assert hostnet.lose_host(f"{job.tag}-1"), "no process in host 1's namespace"
     out, err = job.finish()
@@ -57,7 +65,7 @@ def test_a_lost_host_is_recreated_and_the_job_ends_bitwise_equal(tmp_path: Path,
 
 
 def test_a_lost_host_without_restarts_ends_the_job_naming_it(tmp_path: Path) -> None:
-    job = TwoHostJob(tmp_path)
+    job = TwoHostJob(tmp_path, *PACED)
     job.wait_for_checkpoint(10)
     lost_at = time.monotonic()
     hostnet.lose_host(f"{job.tag}-1")
@@ -72,7 +80,7 @@ def test_a_lost_host_without_restarts_ends_the_job_naming_it(tmp_path: Path) -> 
 
 
 def test_a_partition_ends_the_job_naming_the_unreachable_host(tmp_path: Path) -> None:
-    job = TwoHostJob(tmp_path)
+    job = TwoHostJob(tmp_path, *PACED)
     job.wait_for_checkpoint(10)
     down_at = time.monotonic()
     hostnet.set_link(job.tag, 1, up=False)  # and never up again
@@ -92,7 +100,7 @@ def test_a_partition_ends_the_job_naming_the_unreachable_host(tmp_path: Path) ->
 
 
 def test_a_two_second_blip_costs_nothing(tmp_path: Path, reference: str) -> None:
-    job = TwoHostJob(tmp_path)  # no restarts: any failure would fail the job
+    job = TwoHostJob(tmp_path, *PACED)  # no restarts: any failure would fail the job
     job.wait_for_checkpoint(5)
     hostnet.set_link(job.tag, 1, up=False)
     time.sleep(2)
