@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,27 @@ def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: P
     assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
 
 
+def _sigint_default() -> None:
+    """A child's SIGINT back to its default action, as Ctrl-C finds a terminal's foreground
+    job: an ignored signal stays ignored across exec, and a suite started in the background
+    of a non-interactive shell (`make test &`) can hand its children an ignored SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _sigint_state(pid: int) -> str:
+    """Whether `pid` ignores, blocks, catches or has pending SIGINT (/proc), and where it
+    waits: what a Ctrl-C that ended nothing needs explained."""
+    try:
+        status = dict(line.split(":\t", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
+    bit = 1 << (signal.SIGINT - 1)
+    flags = {k: bool(int(status[k], 16) & bit) for k in ("SigIgn", "SigBlk", "SigCgt", "SigPnd", "ShdPnd")}
+    return f"pid {pid} state {status.get('State', '?').strip()}, wchan {wchan}, SIGINT {flags}"
+
+
 @netns
 @pytest.mark.netns
 @pytest.mark.timeout(300)
@@ -207,25 +229,39 @@ def test_interrupt_removes_everything(workdir: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "disttrain.cli.main", "k8s", "run-local", "sleep.py", "--kind",
          "job", "--nnodes", "2", "--nproc-per-node", "1", "--backend", "gloo"],
-        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_sigint_default)
     tag = f"dt{proc.pid}"
+    lines: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # wait until both pods run
+            lines.append(line)
             if "sleeping" in line and "[sleep-1]" in line:  # named after sleep.py
                 break
+        # the rest of its output is read as it comes: a full pipe could block its cleanup
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
         assert len([n for n in _leftovers(tag) if n.startswith(tag)]) >= 3
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"run-local did not end within 60 s of SIGINT: {_sigint_state(proc.pid)}"
+                        f"\n{''.join(lines)[-3000:]}")
+        assert code == 130, "".join(lines)[-3000:]
+        reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+            # its pods are sessions of their own: nothing else would end them
+            subprocess.run(["pkill", "-KILL", "-f", "disttrain-run-local-.*sleep[.]py"], check=False)
     assert _leftovers(tag) == []
     time.sleep(0.5)
     leaked = subprocess.run(["pgrep", "-f", "disttrain-run-local-.*sleep[.]py"],
                             capture_output=True, text=True, check=False).stdout.split()
     assert leaked == []
-
 
 
 def test_failed_pods_come_back_as_their_workload_would(workdir: Path) -> None:
