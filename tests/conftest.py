@@ -124,6 +124,16 @@ def _no_leaks():
     assert not changed, f"test leaked environment variables: {sorted(changed)}"
 
 
+def sigint_default() -> None:
+    """preexec_fn for a child a test sends SIGINT (Ctrl-C): its default action, as a
+    terminal's foreground job has it. An ignored signal stays ignored across exec, and a
+    suite started in the background of a non-interactive shell (`make test &`) can hand its
+    children an ignored SIGINT (one suite run here hung 120 s on it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | None = None):
     """Run `disttrain ARGS` as a user would, in a subprocess; returns CompletedProcess."""
     import subprocess

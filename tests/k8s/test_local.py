@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.conftest import sigint_default
 from tests.fixtures.hosts import needs_netns
 
 from disttrain.k8s import local
@@ -199,13 +200,6 @@ def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: P
     assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
 
 
-def _sigint_default() -> None:
-    """A child's SIGINT back to its default action, as Ctrl-C finds a terminal's foreground
-    job: an ignored signal stays ignored across exec, and a suite started in the background
-    of a non-interactive shell (`make test &`) can hand its children an ignored SIGINT."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _sigint_state(pid: int) -> str:
     """Whether `pid` ignores, blocks, catches or has pending SIGINT (/proc), and where it
     waits: what a Ctrl-C that ended nothing needs explained."""
@@ -230,7 +224,7 @@ def test_interrupt_removes_everything(workdir: Path) -> None:
         [sys.executable, "-m", "disttrain.cli.main", "k8s", "run-local", "sleep.py", "--kind",
          "job", "--nnodes", "2", "--nproc-per-node", "1", "--backend", "gloo"],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=_sigint_default)
+        preexec_fn=sigint_default)
     tag = f"dt{proc.pid}"
     lines: list[str] = []
     try:

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from disttrain.resilience.process_end import exit_status
+from tests.conftest import sigint_default
 
 
 @pytest.mark.parametrize(("code", "status", "printed"), [
@@ -62,5 +63,5 @@ def test_ctrl_c_while_waiting_for_a_thread_ends_as_interrupted():
         end_process(0)
     """)
     ended = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=30)
+                           timeout=30, preexec_fn=sigint_default)
     assert ended.returncode == 130, ended.stderr
