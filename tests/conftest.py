@@ -124,6 +124,26 @@ def _no_leaks():
     assert not changed, f"test leaked environment variables: {sorted(changed)}"
 
 
+def left_in(folder: Path) -> list[str]:
+    """What a run left in `folder` as its temp folder: every name but torch inductor's
+    cache, which torch keeps there on purpose (torchelastic_* folders and
+    pytorch-errorfile-*.pickle are what disttrain must not leave)."""
+    return [p.name for p in folder.iterdir() if not p.name.startswith("torchinductor")]
+
+
+@pytest.fixture
+def private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder as this process's and its children's temp folder (TMPDIR and
+    tempfile's cached one), for tests that check what a run leaves there (`left_in`)."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
 def sigint_default() -> None:
     """preexec_fn for a child a test sends SIGINT (Ctrl-C): its default action, as a
     terminal's foreground job has it. An ignored signal stays ignored across exec, and a

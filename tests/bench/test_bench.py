@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from disttrain.bench import training
 from disttrain.bench.allreduce import FIELDS, busbw_factor
 from disttrain.bench.common import parse_size, parse_sizes
 from disttrain.cli.bench_cmd import bench
+from tests.conftest import left_in
 
 pytestmark = pytest.mark.timeout(150)
 TINY = ["--steps", "10", "--warmup", "10", "--rounds", "1", "--num-samples", "512", "--json"]
@@ -115,15 +115,12 @@ def test_scaling_runs_the_plain_loop_beside_in_the_same_rounds(tmp_path, monkeyp
     assert two["efficiency"] == two["plain_efficiency"] == pytest.approx(0.75)
 
 
-def test_scaling_json_shape(tmp_path, monkeypatch):
-    tmp = tmp_path / "tmp"   # both sides' torchrun leave nothing in the temp folder
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+def test_scaling_json_shape(tmp_path, private_tmpdir):
+    # both sides' torchrun leave nothing in the temp folder
     res = CliRunner().invoke(bench, ["scaling", "--max-procs", "1", *TINY,
                                      "--run-dir", str(tmp_path / "sc")])
     assert res.exit_code == 0, res.output
-    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
+    assert left_in(private_tmpdir) == []
     (row,) = _json_lines(res.output)
     assert row["nproc"] == 1 and row["workload"] == "synthetic" and row["samples_per_s"] > 0
     assert row["efficiency"] == pytest.approx(1.0) == row["plain_efficiency"]

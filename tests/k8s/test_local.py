@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.conftest import sigint_default
+from tests.conftest import left_in, sigint_default
 from tests.fixtures.hosts import needs_netns
 
 from disttrain.k8s import local
@@ -183,13 +182,9 @@ def test_emulated_pods_reach_each_other_and_nothing_else(workdir: Path) -> None:
 @pytest.mark.netns
 @pytest.mark.timeout(300)
 def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                                           private_tmpdir: Path) -> None:
     """Everything: the namespaces, and the pods' temp files (each pod has its own TMPDIR,
     as a container has its own /tmp: torchrun would leave a torchelastic_* folder)."""
-    tmp = workdir / "tmp"
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     (workdir / "fail.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
     result = cli("k8s", "run-local", "fail.py", "--kind", "job", "--nnodes", "2",
                  "--nproc-per-node", "1", "--backend", "gloo", "--timeout", "240")
@@ -197,7 +192,10 @@ def test_failed_pods_are_reported_and_everything_is_removed(cli: Any, workdir: P
     assert "[fail-0] about to fail" in result.out   # the job is named after fail.py
     assert "error: pod fail-0 failed" in result.err
     assert _leftovers(f"dt{os.getpid()}") == []
-    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
+    assert left_in(private_tmpdir) == []
+
+
+SLEEP_PODS = "disttrain-run-local-.*sleep[.]py"   # test_interrupt's pods, by command line
 
 
 def _sigint_state(pid: int) -> str:
@@ -250,10 +248,10 @@ def test_interrupt_removes_everything(workdir: Path) -> None:
             proc.kill()
             proc.wait()
             # its pods are sessions of their own: nothing else would end them
-            subprocess.run(["pkill", "-KILL", "-f", "disttrain-run-local-.*sleep[.]py"], check=False)
+            subprocess.run(["pkill", "-KILL", "-f", SLEEP_PODS], check=False)
     assert _leftovers(tag) == []
     time.sleep(0.5)
-    leaked = subprocess.run(["pgrep", "-f", "disttrain-run-local-.*sleep[.]py"],
+    leaked = subprocess.run(["pgrep", "-f", SLEEP_PODS],
                             capture_output=True, text=True, check=False).stdout.split()
     assert leaked == []
 

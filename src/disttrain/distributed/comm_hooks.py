@@ -50,7 +50,7 @@ class CommStats:
     total_calls: int = 0
     total_hook_calls: int = 0
     steps: int = 0
-    wait: str | None = None    # how the step's last all-reduce is awaited (comm_wait.WaitChoice)
+    wait: str | None = None    # how the step's last all-reduce is awaited, when not tuned
     tuner: WaitTuner | None = field(default=None, repr=False, compare=False)   # when it is tuned
     _inflight: int = field(default=0, repr=False)
     # Called when the hook gets a step's last bucket: all gradients are ready, so the
@@ -212,7 +212,10 @@ def register_comm_hook(model: Any, name: str, total_steps: int = 1000, rank: int
         raise StrategyError(f"unknown comm_hook {name!r}; choose one of {', '.join(COMM_HOOKS)}")
     if poll:
         choice = choose_wait(local_ranks_here(), torch.get_num_threads())
-        poll, stats.wait = choice.poll, choice.describe()
-        stats.tuner = WaitTuner(choice) if choice.tunable else None
+        poll = choice.poll
+        if choice.tunable:   # its summary says the first choice too (WaitTuner.describe)
+            stats.tuner = WaitTuner(choice)
+        else:
+            stats.wait = choice.describe()
     model.register_comm_hook(state, counting(hook, stats, poll_last=poll))
     return stats
