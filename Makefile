@@ -22,7 +22,7 @@ UV     := $(PY) tools/uv_install.py -q -c constraints.txt
 # 25 core-s; 2 workers 546-571 s, idle ~100 core-s).
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 
-.PHONY: run test fuzz lint install install-test bench clean
+.PHONY: run test test-fresh fuzz lint install install-test bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ run: install
 test: install-test
 	$(VENV)/bin/ruff check src tests benchmarks examples tools
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+
+## make test-fresh: the suite with every `disttrain` command a new interpreter, none forked
+## from the warm one of tests/warm_cli.py (slower; the same tests)
+test-fresh: install-test
+	DISTTRAIN_TEST_FRESH=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 ## make fuzz: the property tests with new random inputs and 10x the examples, for exploring
 ## (make test runs a fixed set); keep an input it finds as an @example of its test

@@ -154,14 +154,70 @@ def sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | None = None):
-    """Run `disttrain ARGS` as a user would, in a subprocess; returns CompletedProcess."""
-    import subprocess
+# The environment the pytest worker started with (after the settings above): what the warm
+# server of `run_cli` imports under (tests/warm_cli.py)
+WARM_ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+WARM_ENV.pop("DISTTRAIN_T0", None)
+_warm: list = []   # this worker's tests/warm_cli.py server, started by its first command
 
+
+def _cli_env(env: dict | None) -> dict[str, str]:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("DISTTRAIN_T0", None)
+    return full_env
+
+
+def _warm_cli(env: dict[str, str]):
+    """This worker's warm server (started on first use), or None where a command with
+    `env` must run fresh (tests/warm_cli.py `runs_warm`)."""
+    from tests.warm_cli import WarmCli, runs_warm
+
+    if not runs_warm(env, WARM_ENV):
+        return None
+    if not _warm:
+        import tempfile
+
+        _warm.append(WarmCli.start(WARM_ENV, Path(tempfile.mkdtemp(prefix="dt-warm-", dir="/tmp"))))
+    return _warm[0]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | None = None):
+    """Run `disttrain ARGS` as a user would, in a process of its own; returns
+    CompletedProcess. The process is forked from this worker's warm server
+    (tests/warm_cli.py: the same command, without the interpreter's start and its ~3 s of
+    imports) unless its environment differs in what is read at import, or
+    DISTTRAIN_TEST_FRESH=1; then it is a new `python -m disttrain.cli.main`."""
+    import subprocess
+
+    full_env = _cli_env(env)
+    warm = _warm_cli(full_env)
+    if warm is not None:
+        return warm.run(list(args), cwd=cwd, env=full_env, timeout=timeout)
     return subprocess.run([*DISTTRAIN, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def start_cli(*args: str, cwd: Path, log: Path, env: dict | None = None,
+              start_new_session: bool = False):
+    """Start `disttrain ARGS` in the background, its stdout and stderr into `log`, forked
+    warm as `run_cli`'s (or fresh); returns a Popen or tests/warm_cli.py's WarmProcess
+    (pid, poll, wait, kill, returncode)."""
+    import subprocess
+
+    full_env = _cli_env(env)
+    warm = _warm_cli(full_env)
+    with open(log, "w") as out:
+        if warm is not None:
+            return warm.popen(list(args), cwd=cwd, env=full_env, stdout=out.fileno(),
+                              stderr=out.fileno(), start_new_session=start_new_session)
+        return subprocess.Popen([*DISTTRAIN, *args], cwd=cwd, env=full_env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=start_new_session)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop this worker's warm server (it would also end with the worker: its stdin closes)."""
+    for warm in _warm:
+        warm.stop()
 
 
 # The default digits job on 2 local ranks, checkpoints every 10 steps: 2 epochs = 46 optimizer

@@ -5,10 +5,10 @@ train the same model as one process on the same global batch (8 windows: 4 per d
 slice), killed FSDP2 x TP and pp x dp runs resume to the uninterrupted ones bitwise, and
 tp x pp is refused before anything starts.
 
-Every run is the CLI in a subprocess: a tiny chargpt (2 blocks of 4 heads, 16-character
-windows), 30 SGD steps, a checkpoint every 10 (the step-30 .pt holds the consolidated
-weights: full tensors gathered from the shards, where the fused qkv rows must be in the
-model's order). The one-process run is the session's (tests/distributed/conftest.py, shared
+Every run is the CLI in a process of its own (`start_cli`): a tiny chargpt (2 blocks of 4
+heads, 16-character windows), 30 SGD steps, a checkpoint every 10 (the step-30 .pt holds
+the consolidated weights: full tensors gathered from the shards, where the fused qkv rows
+must be in the model's order). The one-process run is the session's (tests/distributed/conftest.py, shared
 with test_parallel_trainer.py). The five runs go one after another: five at once (20 ranks
 on 2 cores) cost more CPU for the same work and took no less time (this file alone: 102
 CPU-s in 57 s five at once, 84 CPU-s in 56 s one after another).
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import DISTTRAIN, run_cli
+from tests.conftest import run_cli, start_cli
 from tests.distributed.conftest import CHARGPT_JOB, CHARGPT_STEPS, final_weights, summary_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -56,16 +55,11 @@ def _slug(name: str) -> str:
     return name.replace(" ", "-").replace("+", "-")
 
 
-def _start(base: Path, name: str, flags: tuple[str, ...]) -> subprocess.Popen:
+def _start(base: Path, name: str, flags: tuple[str, ...]) -> Any:
     """`disttrain run` of one of RUNS into base/<slug>, its output into base/<slug>.log."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("DISTTRAIN_T0", None)
-    if name in FAULTS:
-        env["DISTTRAIN_FAULT"] = FAULTS[name]
-    with open(base / f"{_slug(name)}.log", "w") as log:
-        return subprocess.Popen([*DISTTRAIN, *JOB, *flags, "--run-dir", _slug(name)], cwd=base,
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    env = {"DISTTRAIN_FAULT": FAULTS[name]} if name in FAULTS else None
+    return start_cli(*JOB, *flags, "--run-dir", _slug(name), cwd=base,
+                     log=base / f"{_slug(name)}.log", env=env, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +68,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     {name: run dir}. The session's run is asked for once the first has started: another
     pytest-xdist worker may be making it, and this file's runs need not wait for it."""
     base = tmp_path_factory.mktemp("composed")
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, Any] = {}
     one: Path | None = None
     try:
         for name, flags in RUNS.items():

@@ -8,12 +8,11 @@ after 4 epochs and 1.72 after all 10, against the bigram's 2.46; the whole defau
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from disttrain.examples.chargpt import bigram_nats, load_text
+from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -22,9 +21,8 @@ EPOCHS = 4
 
 def test_chargpt_beats_the_bigram_bound_in_four_epochs(tmp_path):
     run_dir = tmp_path / "chargpt"
-    res = subprocess.run([sys.executable, "-m", "disttrain.cli.main", "run", "--example", "chargpt",
-                          "--epochs", str(EPOCHS), "--master-port", "0", "--run-dir", str(run_dir)],
-                         capture_output=True, text=True, timeout=540)
+    res = run_cli("run", "--example", "chargpt", "--epochs", str(EPOCHS), "--master-port", "0",
+                  "--run-dir", str(run_dir), cwd=tmp_path, timeout=540)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workload"] == "chargpt" and summary["world_size"] == 2
