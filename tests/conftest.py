@@ -167,18 +167,23 @@ def _cli_env(env: dict | None) -> dict[str, str]:
     return full_env
 
 
-def _warm_cli(env: dict[str, str]):
-    """This worker's warm server (started on first use), or None where a command with
-    `env` must run fresh (tests/warm_cli.py `runs_warm`)."""
-    from tests.warm_cli import WarmCli, runs_warm
+def warm_server():
+    """This worker's warm server (tests/warm_cli.py), started on first use."""
+    from tests.warm_cli import WarmCli
 
-    if not runs_warm(env, WARM_ENV):
-        return None
     if not _warm:
         import tempfile
 
         _warm.append(WarmCli.start(WARM_ENV, Path(tempfile.mkdtemp(prefix="dt-warm-", dir="/tmp"))))
     return _warm[0]
+
+
+def _warm_cli(env: dict[str, str]):
+    """The warm server, or None where a command with `env` must run fresh
+    (tests/warm_cli.py `runs_warm`)."""
+    from tests.warm_cli import runs_warm
+
+    return warm_server() if runs_warm(env, WARM_ENV) else None
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | None = None):

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DISTTRAIN, WARM_ENV
+from tests.conftest import DISTTRAIN, WARM_ENV, warm_server
 from tests.warm_cli import FORK_SAFE_ENV, PRELOAD, WarmCli, runs_warm
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,11 +29,9 @@ LOG_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 G
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory: pytest.TempPathFactory):
-    server = WarmCli.start(WARM_ENV, tmp_path_factory.mktemp("warm"))
-    yield server
-    server.stop()
-    assert server.proc.returncode == 0
+def warm() -> WarmCli:
+    """This worker's server, as `run_cli` uses it (started here under DISTTRAIN_TEST_FRESH=1)."""
+    return warm_server()
 
 
 def _env() -> dict[str, str]:

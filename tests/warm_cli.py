@@ -102,6 +102,7 @@ class WarmCli:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            raise RuntimeError("the warm disttrain server did not end when its stdin closed") from None
 
     def popen(self, args: list[str], *, cwd: str | Path | None, env: dict[str, str],
               stdin: int = 0, stdout: int = 1, stderr: int = 2,

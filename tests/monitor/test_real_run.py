@@ -3,31 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from ..conftest import DISTTRAIN
+from ..conftest import run_cli, start_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 def test_top_follows_a_real_run_to_its_end_then_report_and_tensorboard(tmp_path: Path) -> None:
     run_dir = tmp_path / "job"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("DISTTRAIN_T0", None)
-    job = subprocess.Popen([*DISTTRAIN, "run", "--max-steps", "8", "--log-every-steps", "2",
-                            "--master-port", "0", "--run-dir", str(run_dir)], cwd=tmp_path,
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "job.log"
+    job = start_cli("run", "--max-steps", "8", "--log-every-steps", "2", "--master-port", "0",
+                    "--run-dir", str(run_dir), cwd=tmp_path, log=log)
     try:   # started beside the job: it waits for the first live file, then follows to the end
-        top = subprocess.run([*DISTTRAIN, "top", str(run_dir), "--timeout", "180",
-                              "--interval", "0.5", "--stale", "120"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=300)
-        out, _ = job.communicate(timeout=240)
+        top = run_cli("top", str(run_dir), "--timeout", "180", "--interval", "0.5", "--stale",
+                      "120", cwd=tmp_path, timeout=300)
+        job.wait(240)
     finally:
         job.kill()
+    out = log.read_text()
     assert job.returncode == 0, out[-3000:]
     assert top.returncode == 0, (top.stdout + top.stderr)[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -36,8 +32,7 @@ def test_top_follows_a_real_run_to_its_end_then_report_and_tensorboard(tmp_path:
             if line.split() and line.split()[0] in ("0", "1") and line.split()[2] == "cpu"]
     assert {r[0] for r in rows} == {"0", "1"} and all(r[3] == "8" for r in rows[-2:]), top.stdout
 
-    rep = subprocess.run([*DISTTRAIN, "report", str(run_dir), "--json"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    rep = run_cli("report", str(run_dir), "--json", cwd=tmp_path, timeout=120)
     assert rep.returncode == 0, rep.stderr
     got = json.loads(rep.stdout)
     assert (run_dir / "report.png").stat().st_size > 20_000
