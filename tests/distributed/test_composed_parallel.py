@@ -84,6 +84,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     outs = {name: (base / f"{_slug(name)}.log").read_text() for name in procs}
     for name, proc in procs.items():
         assert proc.returncode == 0, f"{name}:\n{outs[name][-4000:]}"
+        assert "leaked semaphore" not in outs[name], f"{name}:\n{outs[name][-4000:]}"
     for name in FAULTS:
         killed = outs[name]
         assert "disttrain fault injection" in killed, f"{name}: the fault never fired"

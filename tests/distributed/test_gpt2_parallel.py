@@ -84,7 +84,7 @@ def _train_pp(schedule: str, rt: Any) -> dict[str, Any]:
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
     from disttrain.distributed.mesh import build_mesh
-    from disttrain.distributed.pipeline import PipelinedModel, balanced_cuts
+    from disttrain.distributed.pipeline import PipelinedModel, balanced_cuts, interpreted
     from disttrain.spec.parallelism import ParallelismSpec, resolve_degrees
 
     mesh = build_mesh(resolve_degrees(ParallelismSpec(pp=2), rt.world_size), rt)
@@ -110,7 +110,8 @@ def _train_pp(schedule: str, rt: Any) -> dict[str, Any]:
         losses.append(out.item())
     params = {n.removeprefix("gpt2."): p for n, p in pipe.full_state_dict().items()}
     return {"losses": losses, "params": params, "cuts": cuts, "stage": pipe.stage_index,
-            "held": sorted(n for n, _ in pipe.stage_module.named_parameters())}
+            "held": sorted(n for n, _ in pipe.stage_module.named_parameters()),
+            "interpreted": interpreted(pipe.stage_module)}
 
 
 def _train_fsdp_tp() -> dict[str, Any]:
@@ -189,6 +190,7 @@ def test_hf_gpt2_pp2_gpipe_and_1f1b_match_one_process(reference):
             assert any(".h.0." in n for n in held) == (rank == 0), held   # a block on each stage
             assert any(".h.1." in n for n in held) == (rank == 1), held
             assert any("ln_f" in n for n in held) == (rank == 1), held
+            assert got["interpreted"] == 0   # its generated code runs (pipeline._generated)
             _assert_matches(got, reference, f"{schedule} rank {rank}")
 
 

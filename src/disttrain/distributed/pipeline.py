@@ -13,7 +13,9 @@ torch.export underneath), so any model whose forward exports splits without chan
 (tutorial: pytorch.org/docs/stable/distributed.pipelining.html). Cuts go at the
 beginning of block instances (`SplitPoint.BEGINNING`): what comes before the first block
 (embeddings) is on stage 0, what follows the last (norm, head) on the last stage; the cut
-positions minimise the largest stage's parameter count.
+positions minimise the largest stage's parameter count. Each stage runs its generated
+Python code, not torch.fx's node-by-node interpreter (`_generated`: x1.27 samples/s on a
+small model, docs/performance.md).
 
 A weight tied across stages (a head sharing the token embedding) is one Parameter in the
 model but a copy on each stage that uses it after the split; Megatron keeps the copies
@@ -205,11 +207,12 @@ class PipelinedModel:
         group = pp_mesh.get_group()
         kind = getattr(pipelining, SCHEDULES[schedule])
         if per_rank == 1:
-            stage = pipelining.build_stage(pipe.get_stage_module(index), index, pipe.info(),
-                                           device, group)
+            stage = pipelining.build_stage(_generated(pipe.get_stage_module(index)), index,
+                                           pipe.info(), device, group)
             sched = kind(stage, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
             return cls(stage.submod, sched, index, pp, group, tied, shapes)
-        stages = [pipelining.build_stage(pipe.get_stage_module(i), i, pipe.info(), device, group)
+        stages = [pipelining.build_stage(_generated(pipe.get_stage_module(i)), i, pipe.info(),
+                                         device, group)
                   for i in range(index, pp * per_rank, pp)]
         sched = kind(stages, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
         chunks = {st.stage_index: st.submod for st in stages}
@@ -308,3 +311,35 @@ def _tied_groups(model: nn.Module) -> list[list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
     return [names for names in by_id.values() if len(names) > 1]
+
+
+
+def _generated(stage_module: nn.Module) -> nn.Module:
+    """`stage_module` with its traced submodules run by their generated Python code, as
+    a GraphModule runs, instead of node by node through `torch.fx.Interpreter`.
+
+    Why: torch.export's unflattened modules (`InterpreterModule`, what the pipelining
+    frontend's stages are made of) interpret their graph on every call by default, and
+    `Interpreter.run` also makes a (disabled) tqdm progress bar per call, whose first
+    one creates a multiprocessing lock registered with the resource tracker: a rank
+    killed later leaves it registered, and the job ended with "resource_tracker: There
+    appear to be 1 leaked semaphore objects". The generated code runs the same ops in the
+    same order: a 2-rank pp chargpt run (30 steps) ended with the same parameters
+    (sha256), 382-396 against 304-307 samples/s, 6.7-6.8 against 9.3 s of CPU
+    (docs/performance.md). `_run_with_interpreter` is torch's own switch
+    (`torch.export.unflatten._disable_interpreter` sets it for modules made under it);
+    a torch without it keeps the interpreter."""
+    from torch.export.unflatten import InterpreterModule
+
+    for module in stage_module.modules():
+        if isinstance(module, InterpreterModule) and hasattr(module, "_run_with_interpreter"):
+            module._run_with_interpreter = False
+    return stage_module
+
+
+def interpreted(stage_module: nn.Module) -> int:
+    """How many of `stage_module`'s submodules torch would still run node by node."""
+    from torch.export.unflatten import InterpreterModule
+
+    return sum(isinstance(m, InterpreterModule) and getattr(m, "_run_with_interpreter", True)
+               for m in stage_module.modules())
