@@ -172,9 +172,7 @@ def warm_server():
     from tests.warm_cli import WarmCli
 
     if not _warm:
-        import tempfile
-
-        _warm.append(WarmCli.start(WARM_ENV, Path(tempfile.mkdtemp(prefix="dt-warm-", dir="/tmp"))))
+        _warm.append(WarmCli.start(WARM_ENV))
     return _warm[0]
 
 

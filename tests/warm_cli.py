@@ -82,8 +82,12 @@ class WarmCli:
         self.proc, self.path, self.env = proc, path, env
 
     @classmethod
-    def start(cls, env: dict[str, str], folder: Path) -> WarmCli:
-        path = str(folder / f"warm-cli-{os.getpid()}.sock")
+    def start(cls, env: dict[str, str]) -> WarmCli:
+        # its own folder in /tmp: a socket's path must stay under ~100 bytes, whatever
+        # TMPDIR a test sets; `stop` removes it
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="dt-warm-", dir="/tmp"), "warm-cli.sock")
         proc = subprocess.Popen([sys.executable, "-m", "tests.warm_cli", path, TITLE_ROOM], env=env,
                                 stdin=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -95,6 +99,8 @@ class WarmCli:
         return cls(proc, path, env)
 
     def stop(self) -> None:
+        import shutil
+
         if self.proc.stdin:
             self.proc.stdin.close()
         try:
@@ -103,6 +109,8 @@ class WarmCli:
             self.proc.kill()
             self.proc.wait()
             raise RuntimeError("the warm disttrain server did not end when its stdin closed") from None
+        finally:
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
     def popen(self, args: list[str], *, cwd: str | Path | None, env: dict[str, str],
               stdin: int = 0, stdout: int = 1, stderr: int = 2,
