@@ -104,13 +104,20 @@ def _drive(tuner: WaitTuner, steps: int, poll_s: float, block_s: float) -> list[
     return ways
 
 
-def _tuner(first_poll: bool) -> WaitTuner:
+def _tuner(first_poll: bool, probe: float = 1.0) -> WaitTuner:
+    """A tuner whose probe (asked before a blocking rank turns to polling) reads `probe`."""
     first = WaitChoice(first_poll, "2 CPUs for 2 ranks x 1 thread, probe 1.00", tunable=True)
-    return WaitTuner(first, settle=2, trial=3, gap=20, max_gap=40)
+    return WaitTuner(first, settle=2, trial=3, gap=20, max_gap=40, probe=lambda: probe)
+
+
+def _no_probe() -> float:
+    raise AssertionError("probed although no rank turns to polling")
 
 
 def test_the_tuner_tries_both_ways_on_schedule_then_keeps_the_faster():
-    ways = _drive(_tuner(True), 110, poll_s=0.004, block_s=0.005)
+    tuner = _tuner(True)
+    tuner.probe = _no_probe                            # it polls already: nothing to ask
+    ways = _drive(tuner, 110, poll_s=0.004, block_s=0.005)
     assert ways[:2] == [True, True]                    # settling: the first choice
     trials = [2, 22, 62, 102]                          # gaps 20, 40, then 40 (the cap)
     for start in trials:                               # 3 polled, 3 blocked, in turn
@@ -155,6 +162,22 @@ def test_only_a_choice_the_cpus_allow_is_tuned_and_the_summary_says_how():
     _drive(tuner, 4, 0.004, 0.005)
     stats = CommStats(wait="block: ...", tuner=tuner)
     assert stats.summary()["comm_wait"].startswith("block: tuned, 1 of 4 steps polled; at first")
+
+
+def test_a_blocking_rank_turns_to_polling_only_when_a_core_is_free_now():
+    """The fault (`bench overhead --contend 2`, 2026-12-05): beside two busy processes the
+    trials of two rounds in five found polling faster (4.09 against 8.71 ms per step, 8.73
+    against 9.93) and those rounds, polling, ran at 0.79x and 0.82x the plain loop; the
+    three that kept blocking at 1.00-1.19x. The set-up probe had read 0.42-0.43 in each."""
+    busy = _tuner(False, probe=0.43)
+    ways = _drive(busy, 12, poll_s=0.004, block_s=0.009)
+    assert ways[2:8] == [True, False] * 3 and ways[8:] == [False] * 4
+    assert busy.chosen is False and busy.last_probe == pytest.approx(0.43)
+    assert busy.describe() == (
+        "block: tuned, 3 of 12 steps polled (last trial: 4.00 ms per step polling, 9.00 "
+        "blocking, probe 0.43); at first block: 2 CPUs for 2 ranks x 1 thread, probe 1.00")
+    quiet = _tuner(False, probe=0.99)                  # the load went away: a core is free
+    assert _drive(quiet, 12, poll_s=0.004, block_s=0.009)[8:] == [True] * 4
 
 
 def test_polling_must_win_by_the_margin():

@@ -43,6 +43,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,10 @@ from disttrain.distributed.process import usable_cores
 
 PROBE_S = 0.05
 FREE_SHARE = 0.85
+# A blocking rank's trial that finds polling faster turns it to polling only when a probe
+# then reads this much: beside two busy processes one such probe read 0.89 (and that round,
+# polling, ran at 0.86x the plain loop); on a quiet machine probes read 0.99-1.00.
+SWITCH_SHARE = 0.95
 SETTLE_STEPS = 5         # steps before the first trial (the first ones hold the set-up)
 TRIAL_STEPS = 12         # steps of each way per trial
 POLL_MARGIN = 0.95       # poll only when its median step is this much shorter, or more
@@ -182,9 +187,12 @@ class WaitTuner:
     to the way the first of them waited. A trial is `2 * trial` steps polling and blocking
     in turn; then polling is kept until the next trial if its median step is at most
     `margin` times blocking's, else blocking (the costs are not even: polling beside busy
-    processes took twice as long per step, blocking on a free core 5-12 % longer). The
-    first trial starts at step `settle`, the next `gap` steps after it, and each gap is
-    twice the one before, up to `max_gap`.
+    processes took twice as long per step, blocking on a free core 5-12 % longer). A trial
+    that would turn a blocking rank to polling must also find a core free now (`probe`
+    reads `SWITCH_SHARE` or more): beside busy processes a trial's polled steps can look the faster
+    while polling for the rest of the run is not (module docstring). The first trial
+    starts at step `settle`, the next `gap` steps after it, and each gap is twice the one
+    before, up to `max_gap`.
     """
 
     first: WaitChoice
@@ -197,6 +205,8 @@ class WaitTuner:
     polled: int = 0
     chosen: bool | None = None    # the last trial's winner (None: no trial ended yet)
     last_trial: tuple[float, float] | None = None   # (poll, block) median step, seconds
+    last_probe: float | None = None   # the last trial's probe, when it needed one
+    probe: Callable[[], float] = field(default=lambda: free_core_share(), repr=False)
     _start: int = field(init=False, repr=False)     # this or the next trial's first step
     _trial_step: tuple[float, bool] | None = field(default=None, repr=False)  # (at, way)
     _times: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []},
@@ -213,7 +223,12 @@ class WaitTuner:
         if self.steps - self._start == 2 * self.trial:  # a trial just ended
             if self._times[True] and self._times[False]:
                 poll_s, block_s = (statistics.median(self._times[w]) for w in (True, False))
-                self.chosen = poll_s <= self.margin * block_s
+                poll = poll_s <= self.margin * block_s
+                self.last_probe = None
+                if poll and not (self.first.poll if self.chosen is None else self.chosen):
+                    self.last_probe = self.probe()
+                    poll = self.last_probe >= SWITCH_SHARE
+                self.chosen = poll
                 self.last_trial = (poll_s, block_s)
             self._times = {True: [], False: []}
             self._start += self.gap
@@ -235,5 +250,7 @@ class WaitTuner:
         text = f"{most}: tuned, {self.polled} of {self.steps} steps polled"
         if self.last_trial is not None:
             poll_s, block_s = self.last_trial
-            text += f" (last trial: {poll_s * 1e3:.2f} ms per step polling, {block_s * 1e3:.2f} blocking)"
+            probe = "" if self.last_probe is None else f", probe {self.last_probe:.2f}"
+            text += (f" (last trial: {poll_s * 1e3:.2f} ms per step polling, "
+                     f"{block_s * 1e3:.2f} blocking{probe})")
         return f"{text}; at first {self.first.describe()}"
