@@ -3,7 +3,7 @@
 directory, stdin/stdout/stderr and exit status, running `python -m disttrain.cli.main`'s
 code from the start (`runpy`, as `-m` does); what it does not repeat is the interpreter's
 start and the ~3 s of CPU its imports cost (torch ~2 s in the command, torch._dynamo ~1.1 s
-in the warm fork server it starts). The suite starts ~150 such commands, on 2 cores.
+in the warm fork server it starts). The suite starts ~100 such commands, on 2 cores.
 
     warm = WarmCli.start(env)          # one per pytest worker, on its first command
     res = warm.run(args, cwd=..., env=..., timeout=...)   # a subprocess.CompletedProcess
