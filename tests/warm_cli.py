@@ -57,7 +57,7 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
            "disttrain.distributed.tensor_parallel")
 # Variables a command may set differently from the server's environment: read when
 # disttrain's or torch's code runs, never at import (tests/test_warm_cli.py checks that
-# importing PRELOAD reads none of DISTTRAIN_*).
+# importing PRELOAD reads none of them; it found TMPDIR, which torch._dynamo reads).
 FORK_SAFE_ENV = ("DISTTRAIN_", "PYTEST_", "PYTHONUNBUFFERED", "MASTER_ADDR",
                  "MASTER_PORT", "NCCL_", "GLOO_", "TORCH_DISTRIBUTED_DEBUG", "KUBECONFIG")
 MESSAGE_BYTES = 1 << 20
