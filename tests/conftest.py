@@ -178,10 +178,12 @@ def warm_server():
 
 def _warm_cli(env: dict[str, str]):
     """The warm server, or None where a command with `env` must run fresh
-    (tests/warm_cli.py `runs_warm`)."""
+    (tests/warm_cli.py `runs_warm`) or every command must (DISTTRAIN_TEST_FRESH=1,
+    `make test-fresh`)."""
     from tests.warm_cli import runs_warm
 
-    return warm_server() if runs_warm(env, WARM_ENV) else None
+    fresh = os.environ.get("DISTTRAIN_TEST_FRESH") or not runs_warm(env, WARM_ENV)
+    return None if fresh else warm_server()
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | None = None):
