@@ -154,17 +154,18 @@ def sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-# The environment the pytest worker started with (after the settings above): what the warm
-# server of `run_cli` imports under (tests/warm_cli.py)
-WARM_ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-WARM_ENV.pop("DISTTRAIN_T0", None)
-_warm: list = []   # this worker's tests/warm_cli.py server, started by its first command
-
-
-def _cli_env(env: dict | None) -> dict[str, str]:
+def cli_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of a `disttrain` command a test starts: this process's, unbuffered,
+    without this process's start time (envvars.T0: the command marks its own), plus `env`."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("DISTTRAIN_T0", None)
     return full_env
+
+
+# The environment the pytest worker started with (after the settings above): what the warm
+# server of `run_cli` imports under (tests/warm_cli.py)
+WARM_ENV = cli_env()
+_warm: list = []   # this worker's tests/warm_cli.py server, started by its first command
 
 
 def warm_server():
@@ -194,7 +195,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict
     DISTTRAIN_TEST_FRESH=1; then it is a new `python -m disttrain.cli.main`."""
     import subprocess
 
-    full_env = _cli_env(env)
+    full_env = cli_env(env)
     warm = _warm_cli(full_env)
     if warm is not None:
         return warm.run(list(args), cwd=cwd, env=full_env, timeout=timeout)
@@ -209,7 +210,7 @@ def start_cli(*args: str, cwd: Path, log: Path, env: dict | None = None,
     (pid, poll, wait, kill, returncode)."""
     import subprocess
 
-    full_env = _cli_env(env)
+    full_env = cli_env(env)
     warm = _warm_cli(full_env)
     with open(log, "w") as out:
         if warm is not None:
@@ -307,11 +308,9 @@ class TwoHostJob:
         import subprocess
 
         self.run_dir = cwd / "run"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("DISTTRAIN_T0", None)
         self.proc = subprocess.Popen(
             [*DISTTRAIN, *TWO_HOST_JOB, *extra, "--run-dir", str(self.run_dir), "--timeout", "240"],
-            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.tag = f"dt{self.proc.pid}"
 
     def wait_for_checkpoint(self, step: int) -> None:

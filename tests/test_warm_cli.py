@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DISTTRAIN, WARM_ENV, warm_server
+from tests.conftest import DISTTRAIN, WARM_ENV, cli_env, warm_server
 from tests.warm_cli import FORK_SAFE_ENV, PRELOAD, WarmCli, runs_warm
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,21 +34,15 @@ def warm() -> WarmCli:
     return warm_server()
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("DISTTRAIN_T0", None)
-    return env
-
-
 def _fresh(args: tuple[str, ...], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*DISTTRAIN, *args], cwd=cwd, env=_env(), capture_output=True,
+    return subprocess.run([*DISTTRAIN, *args], cwd=cwd, env=cli_env(), capture_output=True,
                           text=True, timeout=240, **kw)
 
 
 def test_a_job_forked_warm_ends_as_the_same_job_run_fresh(warm, tmp_path):
     (tmp_path / "warm").mkdir()
     (tmp_path / "fresh").mkdir()
-    got = warm.run(list(JOB), cwd=tmp_path / "warm", env=_env(), timeout=240)
+    got = warm.run(list(JOB), cwd=tmp_path / "warm", env=cli_env(), timeout=240)
     want = _fresh(JOB, tmp_path / "fresh")
     assert got.returncode == want.returncode == 0, got.stderr[-3000:]
     shas = [json.loads((tmp_path / side / "job" / "summary.json").read_text())["params_sha256"]
@@ -61,7 +55,7 @@ def test_the_job_forks_its_warm_fork_server_from_itself(warm, tmp_path):
     """As outside the suite: `disttrain run` forks its fork server from itself after its
     own torch import (disttrain.launch.forkserver), not a new interpreter; the server and
     the ranks carry their titles (disttrain.resilience.proctitle)."""
-    env = {**_env(), "DISTTRAIN_FAULT": "slow-data:rank=0:ms=200"}
+    env = {**cli_env(), "DISTTRAIN_FAULT": "slow-data:rank=0:ms=200"}
     done: list[subprocess.CompletedProcess] = []
     job = threading.Thread(target=lambda: done.append(warm.run(
         [*JOB[:2], "30", *JOB[3:]], cwd=tmp_path, env=env, timeout=240)))
@@ -83,7 +77,7 @@ def test_the_job_forks_its_warm_fork_server_from_itself(warm, tmp_path):
 
 
 def test_refused_input_exits_2_with_the_same_message(warm, tmp_path):
-    got = warm.run(list(REFUSED), cwd=tmp_path, env=_env(), timeout=60)
+    got = warm.run(list(REFUSED), cwd=tmp_path, env=cli_env(), timeout=60)
     want = _fresh(REFUSED, tmp_path)
     assert got.returncode == want.returncode == 2
     assert got.stderr == want.stderr and "nproc_per_node" in got.stderr
@@ -95,7 +89,7 @@ def test_the_command_reads_the_stdin_it_is_given(warm, tmp_path):
     log = tmp_path / "captured.log"
     log.write_text(LOG_LINE)
     with open(log) as stdin:
-        got = warm.run(["doctor", "logs", "-", "--json"], cwd=tmp_path, env=_env(),
+        got = warm.run(["doctor", "logs", "-", "--json"], cwd=tmp_path, env=cli_env(),
                        timeout=60, stdin=stdin.fileno())
     with open(log) as stdin:
         want = _fresh(("doctor", "logs", "-", "--json"), tmp_path, stdin=stdin)
@@ -108,7 +102,7 @@ def test_a_command_past_its_timeout_is_killed(warm, tmp_path):
     try:
         started = time.monotonic()
         with pytest.raises(subprocess.TimeoutExpired):
-            warm.run(["doctor", "logs", "-"], cwd=tmp_path, env=_env(), timeout=3, stdin=read)
+            warm.run(["doctor", "logs", "-"], cwd=tmp_path, env=cli_env(), timeout=3, stdin=read)
         assert time.monotonic() - started < 60
     finally:
         os.close(read)
@@ -146,7 +140,7 @@ for module in {list(PRELOAD)!r}:
 print(json.dumps(sorted(read)))
 """
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         timeout=240, env=_env(), cwd=Path(__file__).resolve().parents[1])
+                         timeout=240, env=cli_env(), cwd=Path(__file__).resolve().parents[1])
     assert res.returncode == 0, res.stderr[-3000:]
     read = json.loads(res.stdout.splitlines()[-1])
     assert read, "the probe saw no read at all: it no longer records them"
@@ -156,7 +150,7 @@ print(json.dumps(sorted(read)))
 def test_a_background_command_is_polled_waited_for_and_killed(warm, tmp_path):
     read, write = os.pipe()
     try:
-        proc = warm.popen(["doctor", "logs", "-"], cwd=tmp_path, env=_env(), stdin=read,
+        proc = warm.popen(["doctor", "logs", "-"], cwd=tmp_path, env=cli_env(), stdin=read,
                           start_new_session=True)
         assert proc.poll() is None
         with pytest.raises(subprocess.TimeoutExpired):

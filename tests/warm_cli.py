@@ -77,8 +77,8 @@ def runs_warm(env: dict[str, str], server_env: dict[str, str]) -> bool:
 class WarmCli:
     """The pytest worker's side: starts the server, forks commands from it."""
 
-    def __init__(self, proc: subprocess.Popen, path: str, env: dict[str, str]) -> None:
-        self.proc, self.path, self.env = proc, path, env
+    def __init__(self, proc: subprocess.Popen, path: str) -> None:
+        self.proc, self.path = proc, path
 
     @classmethod
     def start(cls, env: dict[str, str]) -> WarmCli:
@@ -95,7 +95,7 @@ class WarmCli:
                 proc.kill()
                 raise RuntimeError(f"the warm disttrain server did not start (exit {proc.poll()})")
             time.sleep(0.05)
-        return cls(proc, path, env)
+        return cls(proc, path)
 
     def stop(self) -> None:
         import shutil

@@ -19,7 +19,7 @@ from disttrain.errors import EXIT_STOPPED
 from disttrain.resilience import preemption
 from disttrain.resilience.preemption import GracefulStop, check_interval
 from disttrain.testing import run_ranks, setup_for_test
-from tests.conftest import DISTTRAIN, run_cli
+from tests.conftest import DISTTRAIN, cli_env, run_cli
 
 HERE = Path(__file__).resolve().parent
 STEPS = 40  # 1024 samples / (2 ranks x 32) = 16 steps per epoch; 3 epochs cut at 40
@@ -36,9 +36,7 @@ def _here(cwd: Path) -> Path:
 
 def _start(cwd: Path, *args: str) -> subprocess.Popen:
     _here(cwd)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("DISTTRAIN_T0", None)
-    return subprocess.Popen([*DISTTRAIN, *COMMON, *args], cwd=cwd, env=env, text=True,
+    return subprocess.Popen([*DISTTRAIN, *COMMON, *args], cwd=cwd, env=cli_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

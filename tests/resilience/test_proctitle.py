@@ -8,7 +8,6 @@ restarts the round, which must rewrite ranks.json with the new pids.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ import psutil
 import pytest
 
 from disttrain.resilience import proctitle
-from tests.conftest import DISTTRAIN
+from tests.conftest import DISTTRAIN, cli_env
 
 pytestmark = [pytest.mark.usefixtures("no_stray_workers")]
 
@@ -48,8 +47,7 @@ def _ranks(path: Path) -> dict | None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_live_workers_are_titled_and_ranks_json_follows_restarts(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DISTTRAIN_FAULT": "stop:rank=1:step=6"}
-    env.pop("DISTTRAIN_T0", None)
+    env = cli_env({"DISTTRAIN_FAULT": "stop:rank=1:step=6"})
     proc = subprocess.Popen(
         [*DISTTRAIN, "run", "--name", "titled", "--nproc-per-node", "2", "--epochs", "1",
          "--max-steps", "10", "--checkpoint-every-steps", "5", "--max-restarts", "1",

@@ -206,7 +206,7 @@ class WaitTuner:
     chosen: bool | None = None    # the last trial's winner (None: no trial ended yet)
     last_trial: tuple[float, float] | None = None   # (poll, block) median step, seconds
     last_probe: float | None = None   # the last trial's probe, when it needed one
-    probe: Callable[[], float] = field(default=lambda: free_core_share(), repr=False)
+    probe: Callable[[], float] = field(default=free_core_share, repr=False)
     _start: int = field(init=False, repr=False)     # this or the next trial's first step
     _trial_step: tuple[float, bool] | None = field(default=None, repr=False)  # (at, way)
     _times: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []},
@@ -225,7 +225,7 @@ class WaitTuner:
                 poll_s, block_s = (statistics.median(self._times[w]) for w in (True, False))
                 poll = poll_s <= self.margin * block_s
                 self.last_probe = None
-                if poll and not (self.first.poll if self.chosen is None else self.chosen):
+                if poll and not self._kept():
                     self.last_probe = self.probe()
                     poll = self.last_probe >= SWITCH_SHARE
                 self.chosen = poll
@@ -238,11 +238,15 @@ class WaitTuner:
         if in_trial:   # alternating, so a drift over the trial's steps favours neither
             way = pos % 2 == 0
         else:
-            way = self.first.poll if self.chosen is None else self.chosen
+            way = self._kept()
         self._trial_step = (now, way) if in_trial else None
         self.steps += 1
         self.polled += way
         return way
+
+    def _kept(self) -> bool:
+        """The way steps outside a trial take: the last trial's winner, else the first choice."""
+        return self.first.poll if self.chosen is None else self.chosen
 
     def describe(self) -> str:
         """summary.json's `comm_wait`: the way most steps took, then the evidence."""

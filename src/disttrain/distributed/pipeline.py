@@ -313,7 +313,6 @@ def _tied_groups(model: nn.Module) -> list[list[str]]:
     return [names for names in by_id.values() if len(names) > 1]
 
 
-
 def _generated(stage_module: nn.Module) -> nn.Module:
     """`stage_module` with its traced submodules run by their generated Python code, as
     a GraphModule runs, instead of node by node through `torch.fx.Interpreter`.
