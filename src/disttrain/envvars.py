@@ -249,6 +249,13 @@ def uses_agent_store(environ: Mapping[str, str] | None = None) -> bool:
     return _env(environ).get(USE_AGENT_STORE) == "True"
 
 
+def started_by_agent(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a worker that torch's elastic agent started (torchrun, `disttrain run`): the
+    agent sets TORCHELASTIC_RUN_ID for every worker, a one-rank job's too, whose RANK=0 and
+    WORLD_SIZE=1 look like a plain `python script.py`."""
+    return bool(_env(environ).get(RUN_ID))
+
+
 def comm_wait(environ: Mapping[str, str] | None = None) -> str:
     """DISTTRAIN_COMM_WAIT: `auto` (unset or empty), `poll` or `block`.
 

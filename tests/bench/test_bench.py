@@ -92,6 +92,11 @@ def test_scaling_summary_is_paired_by_round(tmp_path, monkeypatch):
     assert two["efficiency_min"] == pytest.approx(0.75) and two["efficiency_max"] == pytest.approx(1.0)
     assert summary[0]["efficiency"] == pytest.approx(1.0)
     assert "plain_efficiency" not in two
+    # batch 64 per process: 1 process 64 / 90 samples/s, 2 processes 128 / 155
+    assert summary[0]["step_ms"] == pytest.approx(1e3 * 64 / 90.0)
+    assert summary[0]["added_step_ms"] == pytest.approx(0.0)
+    assert two["step_ms"] == pytest.approx(1e3 * 128 / 155.0)
+    assert two["added_step_ms"] == pytest.approx(1e3 * (128 / 155.0 - 64 / 90.0))
 
 
 def test_scaling_runs_the_plain_loop_beside_in_the_same_rounds(tmp_path, monkeypatch):
@@ -113,6 +118,26 @@ def test_scaling_runs_the_plain_loop_beside_in_the_same_rounds(tmp_path, monkeyp
     two = summary[1]
     assert two["samples_per_s"] == 150.0 and two["plain_samples_per_s"] == 120.0
     assert two["efficiency"] == two["plain_efficiency"] == pytest.approx(0.75)
+    # the same efficiency, but the plain loop's slower single process: more time added
+    assert two["added_step_ms"] == pytest.approx(1e3 * (128 / 150.0 - 64 / 100.0))
+    assert two["plain_added_step_ms"] == pytest.approx(1e3 * (128 / 120.0 - 64 / 80.0))
+
+
+def test_scaling_table_shows_what_the_second_process_adds(tmp_path, monkeypatch):
+    def fake(rate):
+        def run(b, n, *args, **kwargs):
+            return {"samples_per_s": rate * (1.5 if n == 2 else 1.0)}
+        return run
+
+    monkeypatch.setattr(training, "run_trainer", fake(32_000.0))
+    monkeypatch.setattr(training, "run_plain", fake(16_000.0))
+    res = CliRunner().invoke(bench, ["scaling", "--max-procs", "2", "--rounds", "1",
+                                     "--run-dir", str(tmp_path / "sc")])
+    assert res.exit_code == 0, res.output
+    one, two = (ln.split() for ln in res.output.splitlines() if ln.split()[:1] in (["1"], ["2"]))
+    # 1 process: 64 samples at 32,000/s = 2.00 ms, plain 4.00; 2: 128 at 48,000/s = 2.67 ms
+    assert one[4] == "2.00" and one[-1] == "4.00"
+    assert two[4:6] == ["2.67", "+0.67"] and two[-2:] == ["5.33", "+1.33"]
 
 
 def test_scaling_json_shape(tmp_path, private_tmpdir):

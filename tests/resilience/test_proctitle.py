@@ -8,6 +8,8 @@ restarts the round, which must rewrite ranks.json with the new pids.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from disttrain.errors import EXIT_STOPPED
 from disttrain.resilience import proctitle
 from tests.conftest import DISTTRAIN, cli_env
 
@@ -83,3 +86,35 @@ def test_live_workers_are_titled_and_ranks_json_follows_restarts(tmp_path: Path)
     new = {r["rank"]: r["pid"] for r in second["ranks"]}
     assert sorted(new) == [0, 1] and set(new.values()).isdisjoint(
         r["pid"] for r in first["ranks"])
+
+
+@pytest.mark.timeout(300)
+def test_a_one_rank_jobs_worker_is_titled_and_leads_its_own_session(tmp_path: Path) -> None:
+    """World size 1 looks like a plain process to RANK/WORLD_SIZE, but its worker is the
+    agent's: titled, and its own session where the kernel schedules by session, as a
+    torchrun worker (docs/performance.md, "One rank, too"); SIGTERM still stops it."""
+    proc = subprocess.Popen(
+        [*DISTTRAIN, "run", "--name", "solo", "--nproc-per-node", "1", "--epochs", "1000",
+         "--max-steps", "1000000", "--checkpoint-every-epochs", "0", "--master-port", "0",
+         "--run-dir", "run"],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ranks = _wait_for(lambda: _ranks(tmp_path / "run" / "ranks.json"), 180, "ranks.json", proc)
+        (rec,) = ranks["ranks"]
+        pid = rec["pid"]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+        assert cmdline.decode() == "disttrain rank 0/1 job solo"
+        autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
+        by_session = autogroup.exists() and autogroup.read_text().strip() == "1"
+        assert (os.getsid(pid) == pid) == by_session, "own session exactly when autogroup is on"
+        assert os.getsid(proc.pid) == os.getsid(0), "the command stays in the caller's session"
+        # training, so the stop is the graceful one (at a step, with a checkpoint)
+        _wait_for(lambda: _ranks(tmp_path / "run" / "live" / "rank-0.json"), 120, "a step", proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
+    assert "stopped by SIGTERM at step" in out

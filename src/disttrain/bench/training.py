@@ -286,19 +286,30 @@ def run_scaling(b: TrainBench, max_procs: int, rounds: int, out_dir: Path, log: 
         mine = [r for r in rows if r["side"] == side]
         prefix = "" if side == "trainer" else "plain_"
         for row in summary:
-            row.update({prefix + k: v for k, v in _efficiency(mine, row["nproc"]).items()})
+            row.update({prefix + k: v for k, v in _efficiency(mine, row["nproc"], b.batch_size).items()})
     return rows, summary
 
 
-def _efficiency(rows: list[dict[str, Any]], n: int) -> dict[str, Any]:
-    """Median samples/s at n processes and efficiency against 1 process (paired min..max)."""
+def _efficiency(rows: list[dict[str, Any]], n: int, batch_size: int) -> dict[str, Any]:
+    """Median samples/s at n processes and efficiency against 1 process (paired min..max).
+
+    Also the step time, step_ms = n x batch / samples/s (one optimizer step of every
+    process), and `added_step_ms`, what going from 1 to n processes added to it (medians).
+    Efficiency divides by a loop's own 1-process speed, so a loop with a faster single
+    process scores lower for the same added time: the added time is what the second
+    process costs, comparable between two loops (docs/performance.md, "Scaling efficiency").
+    """
     base = {r["round"]: r["samples_per_s"] for r in rows if r["nproc"] == 1}
     mine = [r for r in rows if r["nproc"] == n]
     s = spread([r["samples_per_s"] for r in mine])
     paired = spread([r["samples_per_s"] / (n * base[r["round"]]) for r in mine])
+    base_median = spread(list(base.values()))["median"]
+    step_ms = 1e3 * n * batch_size / s["median"]
     return {"samples_per_s": s["median"], "samples_per_s_min": s["min"], "samples_per_s_max": s["max"],
-            "efficiency": s["median"] / (n * spread(list(base.values()))["median"]),
-            "efficiency_min": paired["min"], "efficiency_max": paired["max"], "rounds": len(mine)}
+            "efficiency": s["median"] / (n * base_median),
+            "efficiency_min": paired["min"], "efficiency_max": paired["max"],
+            "step_ms": step_ms, "added_step_ms": step_ms - 1e3 * batch_size / base_median,
+            "rounds": len(mine)}
 
 
 def run_overhead(b: TrainBench, plain_script: Path, rounds: int, out_dir: Path, nproc: int = 2,

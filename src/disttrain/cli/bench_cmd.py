@@ -233,17 +233,26 @@ def scaling(example: str | None, max_procs: int | None, plain: bool, **kw: Any) 
     if kw["as_json"]:
         _echo_rows(summary)
         return
-    beside = f"  {'plain':>10}  {'plain eff':>9}" if script else ""
-    click.echo(f"{'procs':>5}  {'samples/s':>10}  {'min..max':>17}  {'efficiency':>10}{beside}")
+    beside = f"  {'plain':>10}  {'plain eff':>9}  {'plain step':>10}" if script else ""
+    click.echo(f"{'procs':>5}  {'samples/s':>10}  {'min..max':>17}  {'efficiency':>10}  "
+               f"{'step':>10}{beside}")
     for s in summary:
-        plain_cols = (f"  {s['plain_samples_per_s']:>10,.0f}  {s['plain_efficiency']:>9.2f}"
-                      if script else "")
+        plain_cols = (f"  {s['plain_samples_per_s']:>10,.0f}  {s['plain_efficiency']:>9.2f}  "
+                      f"{_step(s, 'plain_'):>10}" if script else "")
         click.echo(f"{s['nproc']:>5}  {s['samples_per_s']:>10,.0f}  "
                    f"{s['samples_per_s_min']:>8,.0f}..{s['samples_per_s_max']:<8,.0f}  "
-                   f"{s['efficiency']:>10.2f}{plain_cols}")
+                   f"{s['efficiency']:>10.2f}  {_step(s, ''):>10}{plain_cols}")
+    click.echo("step: ms per optimizer step (every process's batch), and what the processes "
+               "beyond the first added to it")
     if kw["contend"]:
         click.echo(f"with {kw['contend']} busy process(es) on the same cores")
     click.echo(f"results: {out}/results.json, plot: {png}")
+
+
+def _step(row: dict[str, Any], prefix: str) -> str:
+    """`5.97 +4.03`: a summary row's step time and what it added over 1 process (ms)."""
+    step, added = row[prefix + "step_ms"], row[prefix + "added_step_ms"]
+    return f"{step:.2f}" if row["nproc"] == 1 else f"{step:.2f} {added:+.2f}"
 
 
 def _plain_beside(b: Any, plain: bool) -> Path | None:

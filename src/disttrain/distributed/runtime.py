@@ -323,8 +323,10 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
         ...     rt.print0(rt.rank, rt.world_size)
     """
     denv = read_env(env)
-    if denv.launched:  # ps/top tell the ranks apart (resilience/proctitle.py)
-        set_rank_title(denv.rank, denv.world_size)
+    # A one-rank job's worker is the agent's too: scheduled as a torchrun worker, not as
+    # part of the shell that started the command (docs/performance.md, "One rank, too").
+    if denv.launched or envvars.started_by_agent(env):
+        set_rank_title(denv.rank, denv.world_size)  # ps/top tell the ranks apart (proctitle.py)
         own_session()    # scheduled as a torchrun worker is (process.own_session: why)
     tune_allocator()
     torch.set_num_threads(threads if threads is not None else threads_per_rank(denv.local_world_size))
