@@ -187,3 +187,37 @@ def test_polling_must_win_by_the_margin():
     assert _drive(near, 12, poll_s=0.0049, block_s=0.005)[8:] == [False] * 4
     clear = _tuner(False)
     assert _drive(clear, 12, poll_s=0.0045, block_s=0.005)[8:] == [True] * 4
+
+
+def test_polling_is_held_to_its_promise_between_trials():
+    """The fault (`bench scaling --contend 2`, 2026-12-05): beside two busy processes a
+    trial measured 6.31 ms per step polling against 8.84 blocking and its probe read 0.99
+    (the rank's own session is scheduled ahead of them after it slept), so the rank turned
+    to polling; its polled steps then took ~10 ms and the round ran at 12,634 samples/s
+    against 16,102-16,562 in the rounds that kept blocking."""
+    def run(kept_poll_s: float) -> tuple[WaitTuner, list[bool]]:
+        first = WaitChoice(False, "2 CPUs for 2 ranks x 1 thread, but other processes want "
+                           "them (probe 0.47)", tunable=True)
+        tuner = WaitTuner(first, settle=2, trial=3, gap=40, max_gap=80, guard=8,
+                          probe=lambda: 0.99)
+        now, ways = 100.0, []
+        for step in range(50):
+            way = tuner.poll_now(now)
+            ways.append(way)
+            in_trial = 2 <= step < 8 or 42 <= step < 48
+            now += (0.006 if in_trial else kept_poll_s) if way else 0.009
+        return tuner, ways
+
+    busy, ways = run(kept_poll_s=0.010)
+    assert ways[2:8] == [True, False] * 3 and busy.last_probe == pytest.approx(0.99)
+    assert ways[8:16] == [True] * 8                    # the trial's winner, guarded
+    assert ways[16:42] == [False] * 26                 # 8 polled steps at 10 ms > 9: block
+    assert ways[42:48] == [True, False] * 3            # and try again at the next trial
+    assert busy.given_up == 1 and busy.last_guard == pytest.approx(0.010)
+    assert busy.describe().endswith(
+        "(last trial: 6.00 ms per step polling, 9.00 blocking, probe 0.99); polling given up "
+        "1 time between trials (its steps took 10.00 ms); at first block: 2 CPUs for 2 ranks "
+        "x 1 thread, but other processes want them (probe 0.47)")
+    quiet, ways = run(kept_poll_s=0.004)               # polling keeps its promise: kept
+    assert ways[8:42] == [True] * 34 and quiet.given_up == 0
+    assert "given up" not in quiet.describe()

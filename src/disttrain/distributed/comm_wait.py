@@ -31,7 +31,10 @@ long, a wrong block on a free core 5-12 % longer; 8 steps a side once chose poll
 The gap to the next trial doubles each time, from `FIRST_GAP_STEPS` to `MAX_GAP_STEPS`, so
 the slower way's steps in a trial cost at most `TRIAL_STEPS / gap` of the steps at that way's
 price (16 polled steps in every 256 cost ~5 % beside busy processes; 12 in 512 at most 2.3 %,
-then less). The schedule depends on the step count only, so the ranks try each way in the
+then less). Between trials a rank that polls holds polling to the trial's blocked steps:
+every `GUARD_STEPS` polled steps whose median is longer turn it to blocking until the next
+trial (a trial's alternating steps can favour polling while polling for the rest of the run
+does not). The schedule depends on the step count only, so the ranks try each way in the
 same steps. The process's CPU share while it polls was measured and does not tell the two
 cases apart: about 1.0 both on a quiet machine and beside two busy processes
 (docs/performance.md).
@@ -59,6 +62,7 @@ SWITCH_SHARE = 0.95
 SETTLE_STEPS = 5         # steps before the first trial (the first ones hold the set-up)
 TRIAL_STEPS = 12         # steps of each way per trial
 POLL_MARGIN = 0.95       # poll only when its median step is this much shorter, or more
+GUARD_STEPS = 32         # polled steps after a trial whose median is held against blocking's
 FIRST_GAP_STEPS = 512    # from the first trial's start to the second's; doubles after each
 MAX_GAP_STEPS = 8192     # at most this far apart
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -190,7 +194,12 @@ class WaitTuner:
     processes took twice as long per step, blocking on a free core 5-12 % longer). A trial
     that would turn a blocking rank to polling must also find a core free now (`probe`
     reads `SWITCH_SHARE` or more): beside busy processes a trial's polled steps can look the faster
-    while polling for the rest of the run is not (module docstring). The first trial
+    while polling for the rest of the run is not (module docstring). And polling is held to
+    its promise: every `guard` polled steps between trials, their median must stay at or
+    below the last trial's blocking median, else the rank blocks until the next trial
+    (beside busy processes a trial once measured 6.31 ms per step polling against 8.84
+    blocking, with a probe of 0.99, and the round then polled at ~10 ms per step:
+    docs/performance.md, "Polling held to its promise"). The first trial
     starts at step `settle`, the next `gap` steps after it, and each gap is twice the one
     before, up to `max_gap`.
     """
@@ -201,14 +210,19 @@ class WaitTuner:
     gap: int = FIRST_GAP_STEPS
     max_gap: int = MAX_GAP_STEPS
     margin: float = POLL_MARGIN
+    guard: int = GUARD_STEPS
     steps: int = 0
     polled: int = 0
     chosen: bool | None = None    # the last trial's winner (None: no trial ended yet)
     last_trial: tuple[float, float] | None = None   # (poll, block) median step, seconds
     last_probe: float | None = None   # the last trial's probe, when it needed one
+    given_up: int = 0                 # times the guard turned polling back to blocking
+    last_guard: float | None = None   # the median polled step that did it, seconds
     probe: Callable[[], float] = field(default=free_core_share, repr=False)
     _start: int = field(init=False, repr=False)     # this or the next trial's first step
     _trial_step: tuple[float, bool] | None = field(default=None, repr=False)  # (at, way)
+    _kept_poll_at: float | None = field(default=None, repr=False)  # a guarded step's start
+    _guarded: list[float] = field(default_factory=list, repr=False)
     _times: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []},
                                             repr=False)
 
@@ -220,6 +234,10 @@ class WaitTuner:
         if self._trial_step is not None:    # the step before was a trial's: book its time
             since, way = self._trial_step
             self._times[way].append(now - since)
+        elif self._kept_poll_at is not None:    # a polled step between trials: guard it
+            self._guarded.append(now - self._kept_poll_at)
+            if len(self._guarded) == self.guard:
+                self._hold_polling_to_its_promise()
         if self.steps - self._start == 2 * self.trial:  # a trial just ended
             if self._times[True] and self._times[False]:
                 poll_s, block_s = (statistics.median(self._times[w]) for w in (True, False))
@@ -231,6 +249,7 @@ class WaitTuner:
                 self.chosen = poll
                 self.last_trial = (poll_s, block_s)
             self._times = {True: [], False: []}
+            self._guarded = []
             self._start += self.gap
             self.gap = min(2 * self.gap, self.max_gap)
         pos = self.steps - self._start
@@ -240,9 +259,21 @@ class WaitTuner:
         else:
             way = self._kept()
         self._trial_step = (now, way) if in_trial else None
+        self._kept_poll_at = now if way and not in_trial and self.last_trial is not None else None
         self.steps += 1
         self.polled += way
         return way
+
+    def _hold_polling_to_its_promise(self) -> None:
+        """`guard` polled steps are in: block until the next trial if their median is
+        longer than the last trial's blocked steps."""
+        assert self.last_trial is not None
+        median = statistics.median(self._guarded)
+        self._guarded = []
+        if median > self.last_trial[1]:
+            self.chosen = False
+            self.given_up += 1
+            self.last_guard = median
 
     def _kept(self) -> bool:
         """The way steps outside a trial take: the last trial's winner, else the first choice."""
@@ -257,4 +288,7 @@ class WaitTuner:
             probe = "" if self.last_probe is None else f", probe {self.last_probe:.2f}"
             text += (f" (last trial: {poll_s * 1e3:.2f} ms per step polling, "
                      f"{block_s * 1e3:.2f} blocking{probe})")
+        if self.given_up and self.last_guard is not None:
+            text += (f"; polling given up {self.given_up} time{'s' * (self.given_up != 1)} "
+                     f"between trials (its steps took {self.last_guard * 1e3:.2f} ms)")
         return f"{text}; at first {self.first.describe()}"
