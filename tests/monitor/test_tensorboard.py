@@ -42,6 +42,26 @@ def test_the_run_writer_writes_every_record_as_scalars(tmp_path: Path) -> None:
         "step", "data", "compute", "comm_wait", "optimizer", "other"}
 
 
+def test_a_step_is_one_event_not_one_per_scalar(tmp_path: Path) -> None:
+    """Without TensorFlow, tensorboard opens and closes the event file for every event: a
+    flush of 50 records of 2 ranks as one event per scalar (~1,900) held rank 0 for 58-70
+    ms; one event per step: 7-8 ms (docs/performance.md)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    src = tmp_path / "schema"
+    write_schema_run(src, world=2, slow=1, steps=10)
+    rows = [json.loads(line) for line in (src / "metrics.jsonl").read_text().splitlines()]
+    writer = RunWriter(tmp_path / "run")
+    writer.log(rows)
+    writer.close()
+    (events_file,) = (tmp_path / "run" / "tb").glob("events.out.tfevents.*")
+    summaries = [e for e in EventFileLoader(str(events_file)).Load() if e.HasField("summary")]
+    steps = {r["step"] for r in rows}
+    assert sorted(e.step for e in summaries) == sorted(steps)     # one event per step
+    assert sum(len(e.summary.value) for e in summaries) > 4 * len(steps)
+
+
 def test_without_tensorboard_nothing_is_written(tmp_path: Path, monkeypatch) -> None:
     import disttrain.monitor.tensorboard as tb
 

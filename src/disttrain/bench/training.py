@@ -297,7 +297,8 @@ def _efficiency(rows: list[dict[str, Any]], n: int, batch_size: int) -> dict[str
     process), and `added_step_ms`, what going from 1 to n processes added to it (medians).
     Efficiency divides by a loop's own 1-process speed, so a loop with a faster single
     process scores lower for the same added time: the added time is what the second
-    process costs, comparable between two loops (docs/performance.md, "Scaling efficiency").
+    process costs, comparable between two loops (docs/performance.md, "What the second
+    process adds").
     """
     base = {r["round"]: r["samples_per_s"] for r in rows if r["nproc"] == 1}
     mine = [r for r in rows if r["nproc"] == n]

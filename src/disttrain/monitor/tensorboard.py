@@ -14,7 +14,12 @@ records' optimizer step:
     eval/<metric>                             eval rows: loss, accuracy, the task's metrics
 
 The writer is torch's `torch.utils.tensorboard.SummaryWriter` (imported only here), flushed
-after each batch, which the Trainer hands over at its record flushes, not per step.
+after each batch, which the Trainer hands over at its record flushes, not per step. A
+step's scalars go out as one event (a `Summary` of many values, what TensorBoard's reader
+takes as that many scalars), not one event per scalar: without TensorFlow, tensorboard
+opens, appends to and closes the event file for every event, and a flush of 50 records of
+2 ranks was ~1,900 events, which stalled rank 0 for 58-70 ms (docs/performance.md,
+"TensorBoard off the step's path").
 """
 
 from __future__ import annotations
@@ -38,24 +43,34 @@ class EventWriter:
         self._w = SummaryWriter(log_dir=str(self.log_dir))
 
     def log(self, records: list[dict[str, Any]]) -> None:
-        add = self._w.add_scalar
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        by_step: dict[int, list[Any]] = {}   # one event per step: see the module docstring
         for r in records:
-            step = int(r.get("step", 0))
+            values = by_step.setdefault(int(r.get("step", 0)), [])
+
+            def add(tag: str, value: float, values: list[Any] = values) -> None:
+                values.append(Summary.Value(tag=tag, simple_value=float(value)))
+
             if r.get("split") == "train":
                 rank = r.get("rank", 0)
-                add(f"loss/rank{rank}", r["loss"], step)
+                add(f"loss/rank{rank}", r["loss"])
                 if "samples_per_s" in r:
-                    add(f"samples_per_s/rank{rank}", r["samples_per_s"], step)
+                    add(f"samples_per_s/rank{rank}", r["samples_per_s"])
                 if rank == 0 and "lr" in r:
-                    add("lr", r["lr"], step)
+                    add("lr", r["lr"])
                 for key in STEP_KEYS:   # the timing columns (train/phases.py), under step_ms/
                     if isinstance(r.get(key), int | float):
-                        add(f"step_ms/{key.removesuffix('_ms')}/rank{rank}", r[key], step)
+                        add(f"step_ms/{key.removesuffix('_ms')}/rank{rank}", r[key])
             elif r.get("split") == "eval":
                 for key, value in r.items():
                     if key not in _NOT_METRICS and isinstance(value, int | float) \
                             and not isinstance(value, bool):
-                        add(f"eval/{key}", value, step)
+                        add(f"eval/{key}", value)
+        events = self._w.file_writer
+        for step, values in by_step.items():
+            if values:
+                events.add_summary(Summary(value=values), step)
         self._w.flush()
 
     def truncate_after(self, step: int) -> None:
