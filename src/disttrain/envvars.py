@@ -122,7 +122,8 @@ USE_AGENT_STORE = _var("TORCHELASTIC_USE_AGENT_STORE", TORCHRUN,
 GROUP_RANK = _var("GROUP_RANK", TORCHRUN,
                   "this worker's node rank (the agent's place in the rendezvous); ranks.json lists it")
 RUN_ID = _var("TORCHELASTIC_RUN_ID", TORCHRUN,
-              "the job's rendezvous id (`--rdzv_id`); the job name in a script rank's process title")
+              "the job's rendezvous id (`--rdzv_id`); the job name in a script rank's process "
+              "title; set, it marks a worker of the agent, a one-rank job's too (own session, title)")
 
 SPT_NOENV = _var("SPT_NOENV", DISTTRAIN,
                  "`1` while a rank sets its process title: `setproctitle` then keeps "
