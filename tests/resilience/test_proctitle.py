@@ -118,3 +118,23 @@ def test_a_one_rank_jobs_worker_is_titled_and_leads_its_own_session(tmp_path: Pa
             proc.wait(timeout=30)
     assert proc.returncode == EXIT_STOPPED, out[-3000:]
     assert "stopped by SIGTERM at step" in out
+
+
+def test_a_single_process_is_titled_only_when_the_agent_started_it(tmp_path, monkeypatch) -> None:
+    """A user's own `python train.py` (or a notebook) running a one-process Trainer keeps
+    its title; torchrun's agent's one worker gets the rank title (resilience/ranks.py)."""
+    from types import SimpleNamespace
+
+    from disttrain import envvars
+    from disttrain.resilience import ranks
+
+    titled: list[tuple] = []
+    monkeypatch.setattr(ranks, "set_rank_title", lambda *a: titled.append(a))
+    rt = SimpleNamespace(rank=0, world_size=1, local_rank=0, device="cpu", is_rank0=True,
+                         all_gather_object=lambda obj: [obj])
+    monkeypatch.delenv(envvars.RUN_ID, raising=False)
+    ranks.identify(tmp_path / "a", "mine", rt)
+    assert titled == [] and (tmp_path / "a" / "ranks.json").exists()
+    monkeypatch.setenv(envvars.RUN_ID, "mine-1234")
+    ranks.identify(tmp_path / "b", "mine", rt)
+    assert titled == [(0, 1, "mine")]
