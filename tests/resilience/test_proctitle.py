@@ -126,6 +126,7 @@ def test_a_single_process_is_titled_only_when_the_agent_started_it(tmp_path, mon
     from types import SimpleNamespace
 
     from disttrain import envvars
+    from disttrain.distributed.env import read_env
     from disttrain.resilience import ranks
 
     titled: list[tuple] = []
@@ -133,8 +134,10 @@ def test_a_single_process_is_titled_only_when_the_agent_started_it(tmp_path, mon
     rt = SimpleNamespace(rank=0, world_size=1, local_rank=0, device="cpu", is_rank0=True,
                          all_gather_object=lambda obj: [obj])
     monkeypatch.delenv(envvars.RUN_ID, raising=False)
+    rt.env = read_env({})                                     # a user's own process
     ranks.identify(tmp_path / "a", "mine", rt)
     assert titled == [] and (tmp_path / "a" / "ranks.json").exists()
     monkeypatch.setenv(envvars.RUN_ID, "mine-1234")
+    rt.env = read_env({"RANK": "0", "WORLD_SIZE": "1", envvars.RUN_ID: "mine-1234"})
     ranks.identify(tmp_path / "b", "mine", rt)
     assert titled == [(0, 1, "mine")]

@@ -288,7 +288,7 @@ class WaitTuner:
             probe = "" if self.last_probe is None else f", probe {self.last_probe:.2f}"
             text += (f" (last trial: {poll_s * 1e3:.2f} ms per step polling, "
                      f"{block_s * 1e3:.2f} blocking{probe})")
-        if self.given_up and self.last_guard is not None:
+        if self.last_guard is not None:   # set when polling was given up (given_up >= 1)
             text += (f"; polling given up {self.given_up} time{'s' * (self.given_up != 1)} "
                      f"between trials (its steps took {self.last_guard * 1e3:.2f} ms)")
         return f"{text}; at first {self.first.describe()}"

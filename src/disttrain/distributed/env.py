@@ -34,11 +34,19 @@ class DistEnv:
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    by_agent: bool = False    # torch's elastic agent started it (`envvars.started_by_agent`)
 
     @property
     def launched(self) -> bool:
         """True when started by a launcher (torchrun, spawn helper, env), not plain python."""
         return self.world_size > 1 or self.rank > 0
+
+    @property
+    def worker(self) -> bool:
+        """One rank of a launched job, a one-rank job's worker included: titled, and its own
+        session, as torchrun's workers (`runtime.setup`; docs/performance.md, "One rank,
+        too"). A user's own single process is not one."""
+        return self.launched or self.by_agent
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int | None, minimum: int) -> int:
@@ -79,7 +87,8 @@ def read_env(env: Mapping[str, str] | None = None) -> DistEnv:
     port = _int_var(env, envvars.MASTER_PORT, None if world > 1 else 29500, 1)
     if port > 65535:
         raise DistEnvError(f"MASTER_PORT={port} is not a TCP port (1-65535)")
-    return DistEnv(rank, world, local_rank, local_world, addr or "127.0.0.1", port)
+    return DistEnv(rank, world, local_rank, local_world, addr or "127.0.0.1", port,
+                   envvars.started_by_agent(env))
 
 
 # -- `python train.py --world-size N --rank R`: a script placed in the job by its flags --------

@@ -323,9 +323,7 @@ def setup(backend: str = "auto", timeout_s: float = 300.0, seed: int | None = No
         ...     rt.print0(rt.rank, rt.world_size)
     """
     denv = read_env(env)
-    # A one-rank job's worker is the agent's too: scheduled as a torchrun worker, not as
-    # part of the shell that started the command (docs/performance.md, "One rank, too").
-    if denv.launched or envvars.started_by_agent(env):
+    if denv.worker:
         set_rank_title(denv.rank, denv.world_size)  # ps/top tell the ranks apart (proctitle.py)
         own_session()    # scheduled as a torchrun worker is (process.own_session: why)
     tune_allocator()

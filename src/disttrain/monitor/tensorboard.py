@@ -25,6 +25,7 @@ opens, appends to and closes the event file for every event, and a flush of 50 r
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,31 +47,10 @@ class EventWriter:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         by_step: dict[int, list[Any]] = {}   # one event per step: see the module docstring
-        for r in records:
-            values = by_step.setdefault(int(r.get("step", 0)), [])
-
-            def add(tag: str, value: float, values: list[Any] = values) -> None:
-                values.append(Summary.Value(tag=tag, simple_value=float(value)))
-
-            if r.get("split") == "train":
-                rank = r.get("rank", 0)
-                add(f"loss/rank{rank}", r["loss"])
-                if "samples_per_s" in r:
-                    add(f"samples_per_s/rank{rank}", r["samples_per_s"])
-                if rank == 0 and "lr" in r:
-                    add("lr", r["lr"])
-                for key in STEP_KEYS:   # the timing columns (train/phases.py), under step_ms/
-                    if isinstance(r.get(key), int | float):
-                        add(f"step_ms/{key.removesuffix('_ms')}/rank{rank}", r[key])
-            elif r.get("split") == "eval":
-                for key, value in r.items():
-                    if key not in _NOT_METRICS and isinstance(value, int | float) \
-                            and not isinstance(value, bool):
-                        add(f"eval/{key}", value)
-        events = self._w.file_writer
+        for step, tag, value in _scalars(records):
+            by_step.setdefault(step, []).append(Summary.Value(tag=tag, simple_value=float(value)))
         for step, values in by_step.items():
-            if values:
-                events.add_summary(Summary(value=values), step)
+            self._w.file_writer.add_summary(Summary(value=values), step)
         self._w.flush()
 
     def truncate_after(self, step: int) -> None:
@@ -83,6 +63,27 @@ class EventWriter:
 
     def close(self) -> None:
         self._w.close()
+
+
+def _scalars(records: list[dict[str, Any]]) -> Iterator[tuple[int, str, float]]:
+    """(step, tag, value) of every scalar the records hold (the tags of the module docstring)."""
+    for r in records:
+        step = int(r.get("step", 0))
+        if r.get("split") == "train":
+            rank = r.get("rank", 0)
+            yield step, f"loss/rank{rank}", r["loss"]
+            if "samples_per_s" in r:
+                yield step, f"samples_per_s/rank{rank}", r["samples_per_s"]
+            if rank == 0 and "lr" in r:
+                yield step, "lr", r["lr"]
+            for key in STEP_KEYS:   # the timing columns (train/phases.py), under step_ms/
+                if isinstance(r.get(key), int | float):
+                    yield step, f"step_ms/{key.removesuffix('_ms')}/rank{rank}", r[key]
+        elif r.get("split") == "eval":
+            for key, value in r.items():
+                if key not in _NOT_METRICS and isinstance(value, int | float) \
+                        and not isinstance(value, bool):
+                    yield step, f"eval/{key}", value
 
 
 def open_events(log_dir: Path) -> EventWriter | None:

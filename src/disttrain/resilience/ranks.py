@@ -42,7 +42,7 @@ def rank_record(rank: int, local_rank: int, device: str) -> dict[str, Any]:
 def identify(run_dir: Path, job: str, rt: Runtime) -> Path | None:
     """Title this process with the job's name and write ranks.json (`write_ranks`); a
     single process is titled only when it is a launcher's worker, never a user's own."""
-    if rt.world_size > 1 or envvars.started_by_agent():
+    if rt.env.worker:
         set_rank_title(rt.rank, rt.world_size, job)
     return write_ranks(run_dir, job, rt)
 

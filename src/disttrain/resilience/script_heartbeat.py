@@ -384,7 +384,6 @@ def run_script(script: str, args: Sequence[str], timeout_s: float,
     """Run `script` as `python script.py args` would, its progress beating the heartbeat;
     returns the exit status `python script.py args` would end with (`sys.exit(code)`
     included; KeyboardInterrupt passes through)."""
-    from disttrain import envvars
     from disttrain.distributed.env import read_env
     from disttrain.errors import DistEnvError
     from disttrain.resilience.process_end import exit_status
@@ -394,7 +393,7 @@ def run_script(script: str, args: Sequence[str], timeout_s: float,
         env = read_env()
     except DistEnvError:
         env = None  # the script's own process-group setup will say what is malformed
-    if env is not None and (env.launched or envvars.started_by_agent()):  # ps/OOM log: which rank
+    if env is not None and env.worker:  # `ps` and the OOM killer's log tell the ranks apart
         from disttrain.resilience.proctitle import set_rank_title
 
         set_rank_title(env.rank, env.world_size)
